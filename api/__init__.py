@@ -1,0 +1,1 @@
+"""The HTTP side: FastAPI routes, auth, request schemas and problem+json errors."""

@@ -1,0 +1,37 @@
+"""The FastAPI application. ``ratchet api`` serves it with uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import problems
+from api.body_limit import BodyLimitMiddleware
+from api.routes import agents, health, tasks
+from shared.db import require_migrated
+from shared.registry import get_registry
+from shared.settings import get_settings
+
+
+@asynccontextmanager
+async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    require_migrated()  # refuse to serve on a schema older than the code
+    get_registry()
+    yield
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="Ratchet",
+        version="1",
+        summary="Durable LLM agent tasks: submit, run step by step, get the result.",
+        lifespan=lifespan,
+    )
+    problems.install(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_request_bytes)
+    app.include_router(health.router)
+    app.include_router(tasks.router)
+    app.include_router(agents.router)
+    return app

@@ -1,0 +1,50 @@
+"""``/v1/agents``: the registered agents, their tools and the tools' JSON schemas."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api.deps import Reader
+from api.schemas import AgentList, AgentOut, ToolOut
+from shared.registry import get_registry
+from shared.task_store import decode_cursor, encode_cursor
+
+router = APIRouter(prefix="/v1/agents", tags=["agents"])
+
+
+@router.get("", response_model=AgentList)
+def list_agents(
+    _: Reader,
+    limit: Annotated[int, Query(ge=1, le=200)] = 100,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> AgentList:
+    registry = get_registry()
+    after = decode_cursor(cursor) if cursor else ""
+    names = sorted(n for n in registry.agents if n > after)
+    page, more = names[:limit], len(names) > limit
+    items = []
+    for name in page:
+        agent = registry.agents[name]
+        tools = [registry.tools[t] for t in agent.tools]
+        items.append(
+            AgentOut(
+                name=agent.name,
+                description=agent.description,
+                model=agent.model,
+                max_steps=agent.max_steps,
+                tools=[
+                    ToolOut(
+                        name=t.name,
+                        description=t.description,
+                        parameters=t.parameters_schema,
+                        idempotent=t.idempotent,
+                        requires_approval=t.requires_approval,
+                        timeout=t.timeout,
+                    )
+                    for t in tools
+                ],
+            )
+        )
+    return AgentList(items=items, next_cursor=encode_cursor(page[-1]) if more else None)

@@ -1,0 +1,46 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from api.problems import problem
+from shared.db import get_engine, require_migrated
+from shared.settings import get_settings
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=None)
+def readyz() -> dict[str, object] | JSONResponse:
+    """Ready when the database (migrated) and, in production, Redis answer."""
+    checks: dict[str, str] = {}
+    try:
+        with get_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        require_migrated()
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {type(exc).__name__}"
+    settings = get_settings()
+    if not settings.embedded:
+        try:
+            import redis
+
+            redis.Redis.from_url(settings.redis_url, socket_timeout=2).ping()
+            checks["redis"] = "ok"
+        except Exception as exc:
+            checks["redis"] = f"error: {type(exc).__name__}"
+    if all(v == "ok" for v in checks.values()):
+        return {"status": "ok", "checks": checks}
+    return problem(
+        503, "not ready: " + ", ".join(f"{k} {v}" for k, v in checks.items()), checks=checks
+    )

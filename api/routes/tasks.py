@@ -1,0 +1,210 @@
+"""``/v1/tasks``: submit, read, list, cancel, retry, and the step timeline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.exc import IntegrityError
+
+from api import submission
+from api.deps import Reader, SessionDep, Writer
+from api.schemas import StepList, StepOut, TaskCreate, TaskList, ToolCallOut
+from shared import checkpoints, ledger, task_store
+from shared.db import get_sessionmaker
+from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
+from shared.models import Step, Task, TaskStatus, ToolCall
+from shared.queue import enqueue_step
+from shared.settings import get_settings
+from shared.views import TaskView, Usage, aware, task_view
+
+log = logging.getLogger("ratchet.api")
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+MAX_WAIT_SECONDS = 60
+
+
+def _enqueue(task: Task) -> None:
+    # The task is committed; if the broker is down the sweeper sends the message later.
+    try:
+        enqueue_step(task.id, task.steps + 1)
+    except Exception:
+        log.exception("enqueue failed; the sweeper will retry", extra={"task_id": task.id})
+
+
+def _replay(existing: Task, digest: str) -> Task:
+    if existing.request_hash != digest:
+        raise IdempotencyMismatch
+    return existing
+
+
+@router.post("", status_code=202, response_model=TaskView)
+def submit_task(
+    body: TaskCreate,
+    principal: Writer,
+    session: SessionDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> TaskView:
+    """Submit a task. Returns at once with the queued task; a worker runs it."""
+    spec = submission.resolve(body, get_settings())
+    digest = submission.request_hash(body)
+    created = False
+    try:
+        with session.begin():
+            existing = idempotency_key and task_store.find_by_idempotency_key(
+                session, principal.tenant_id, idempotency_key
+            )
+            if existing:
+                task = _replay(existing, digest)
+            else:
+                task = task_store.create_task(
+                    session,
+                    principal.tenant_id,
+                    spec,
+                    idempotency_key=idempotency_key,
+                    request_hash=digest,
+                )
+                created = True
+    except IntegrityError:
+        # A concurrent request with the same key committed first.
+        assert idempotency_key is not None
+        with session.begin():
+            existing = task_store.find_by_idempotency_key(
+                session, principal.tenant_id, idempotency_key
+            )
+        if existing is None:
+            raise Conflict("a request with this Idempotency-Key is in progress") from None
+        task, created = _replay(existing, digest), False
+    if created:
+        _enqueue(task)
+    else:
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/v1/tasks/{task.id}"
+    return task_view(task)
+
+
+def _read_task(tenant_id: str, task_id: str) -> Task:
+    with get_sessionmaker()() as session, session.begin():
+        return task_store.get_task(session, tenant_id, task_id)
+
+
+@router.get("/{task_id}", response_model=TaskView)
+async def get_task(
+    task_id: str,
+    principal: Reader,
+    wait: Annotated[
+        float,
+        Query(ge=0, le=MAX_WAIT_SECONDS, description="long-poll up to N s for a terminal state"),
+    ] = 0,
+) -> TaskView:
+    task = await run_in_threadpool(_read_task, principal.tenant_id, task_id)
+    deadline = time.monotonic() + wait
+    delay = 0.05
+    while task.status not in TaskStatus.TERMINAL and time.monotonic() < deadline:
+        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 1.5, 0.5)
+        task = await run_in_threadpool(_read_task, principal.tenant_id, task_id)
+    return task_view(task)
+
+
+@router.get("", response_model=TaskList)
+def list_tasks(
+    principal: Reader,
+    session: SessionDep,
+    status: Annotated[str | None, Query(description="filter by status")] = None,
+    agent: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> TaskList:
+    if status is not None and status not in TaskStatus.ALL:
+        raise InvalidRequest("status", f"must be one of {', '.join(TaskStatus.ALL)}")
+    after = _decode(cursor)
+    with session.begin():
+        rows, last = task_store.list_tasks(
+            session, principal.tenant_id, status=status, agent=agent, limit=limit, after_id=after
+        )
+        items = [task_view(t) for t in rows]
+    return TaskList(items=items, next_cursor=task_store.encode_cursor(last) if last else None)
+
+
+def _decode(cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    try:
+        return task_store.decode_cursor(cursor)
+    except ValueError:
+        raise InvalidRequest("cursor", "not a cursor this API returned") from None
+
+
+@router.post("/{task_id}/cancel", status_code=202, response_model=TaskView)
+def cancel_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
+    """Cancel now if no worker holds the task, else at its next commit point. 409 if terminal."""
+    with session.begin():
+        task = task_store.request_cancel(session, principal.tenant_id, task_id)
+    return task_view(task)
+
+
+@router.post("/{task_id}/retry", status_code=202, response_model=TaskView)
+def retry_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
+    """A failed task resumes from its last committed step. 409 unless failed."""
+    with session.begin():
+        task = task_store.requeue_failed(session, principal.tenant_id, task_id)
+    _enqueue(task)
+    return task_view(task)
+
+
+@router.get("/{task_id}/steps", response_model=StepList)
+def list_steps(
+    task_id: str,
+    principal: Reader,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 100,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> StepList:
+    """The step timeline: each model call and the tool calls it asked for."""
+    after = _decode(cursor)
+    if after is not None and not after.isdigit():
+        raise InvalidRequest("cursor", "not a cursor this API returned")
+    with session.begin():
+        task_store.get_task(session, principal.tenant_id, task_id)
+        steps = checkpoints.load_steps(session, task_id, after=int(after or 0), limit=limit + 1)
+        more = len(steps) > limit
+        steps = steps[:limit]
+        calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
+        items = [_step_out(s, [c for c in calls if c.step_number == s.number]) for s in steps]
+    next_cursor = task_store.encode_cursor(str(steps[-1].number)) if more else None
+    return StepList(items=items, next_cursor=next_cursor)
+
+
+def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:
+    return StepOut(
+        number=step.number,
+        status=step.status,
+        model=step.response,
+        usage=Usage(
+            input_tokens=step.input_tokens, output_tokens=step.output_tokens, cost_usd=step.cost_usd
+        ),
+        model_latency_ms=step.model_latency_ms,
+        started_at=aware(step.started_at),
+        model_completed_at=aware(step.model_completed_at),
+        completed_at=aware(step.completed_at),
+        tool_calls=[
+            ToolCallOut(
+                id=c.call_id,
+                name=c.tool,
+                arguments=c.arguments,
+                status=c.status,
+                result=c.result,
+                error=c.error,
+                idempotency_key=c.idempotency_key,
+                runs=c.runs,
+                started_at=aware(c.started_at),
+                finished_at=aware(c.finished_at),
+            )
+            for c in calls
+        ],
+    )

@@ -1,0 +1,23 @@
+"""Ratchet's public surface: what an operator or an extension author may use.
+
+- :func:`tool` and :class:`ToolContext` define tools; :class:`Agent` and :func:`register_agent`
+  define agents (list the module in ``RATCHET_AGENT_MODULES``).
+- :class:`Settings` and :func:`get_settings` are the configuration.
+- :func:`set_price` tells Ratchet what a model costs.
+
+Everything else is internal and may change.
+"""
+
+from shared.pricing import set_price
+from shared.registry import Agent, ToolContext, register_agent, tool
+from shared.settings import Settings, get_settings
+
+__all__ = [
+    "Agent",
+    "Settings",
+    "ToolContext",
+    "get_settings",
+    "register_agent",
+    "set_price",
+    "tool",
+]

@@ -1,0 +1,182 @@
+"""The ``ratchet`` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Ratchet: durable LLM agent tasks."
+)
+tenants = typer.Typer(no_args_is_help=True, help="Manage tenants.")
+keys = typer.Typer(no_args_is_help=True, help="Manage API keys.")
+app.add_typer(tenants, name="tenants")
+app.add_typer(keys, name="keys")
+
+
+def _err(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+@app.command()
+def dev(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    concurrency: Annotated[int, typer.Option(help="worker threads")] = 4,
+) -> None:
+    """Run everything in one process: SQLite, an in-process queue, the API and a worker."""
+    from ratchet import embedded
+
+    embedded.run(host=host, port=port, concurrency=concurrency)
+
+
+@app.command()
+def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
+    """Serve the HTTP API with uvicorn (production: Postgres + Redis)."""
+    import uvicorn
+
+    from shared.db import require_migrated
+
+    require_migrated()
+    uvicorn.run(
+        "api.main:create_app", factory=True, host=host, port=port, workers=workers, log_level="info"
+    )
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(help="worker processes")] = 2,
+    pool: str = "prefork",
+    loglevel: str = "INFO",
+    hostname: str | None = None,
+) -> None:
+    """Run a Celery worker that advances tasks one step per message."""
+    from shared.db import require_migrated
+    from workers.app import app as celery_app
+
+    require_migrated()
+    argv = ["worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={loglevel}"]
+    argv += ["--without-gossip", "--without-mingle"]
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def flower(port: int = 5555, address: str = "127.0.0.1") -> None:
+    """Run Flower, Celery's monitoring UI, against the broker."""
+    from workers.app import app as celery_app
+
+    celery_app.start(["flower", f"--port={port}", f"--address={address}"])
+
+
+@app.command()
+def migrate() -> None:
+    """Apply database migrations (safe to run again)."""
+    from shared.db import migrate as run_migrations
+    from shared.settings import get_settings
+
+    run_migrations()
+    _err(f"migrated {get_settings().effective_database_url.split('@')[-1]}")
+
+
+@tenants.command("create")
+def tenants_create(
+    name: str,
+    scope: Annotated[list[str] | None, typer.Option(help="scopes of the first key")] = None,
+) -> None:
+    """Create a tenant and print its first API key (alone on stdout)."""
+    from shared.db import require_migrated, transaction
+    from shared.errors import RatchetError
+    from shared.tenants import DEFAULT_SCOPES, create_key, create_tenant
+
+    require_migrated()
+    try:
+        with transaction() as session:
+            tenant = create_tenant(session, name)
+            key = create_key(session, tenant, tuple(scope or DEFAULT_SCOPES))
+    except RatchetError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(1) from None
+    _err(f"created tenant {name!r}")
+    typer.echo(key)
+
+
+@keys.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="tenant name")],
+    scope: Annotated[list[str] | None, typer.Option(help="tasks:read, tasks:write, admin")] = None,
+) -> None:
+    """Create an API key for a tenant and print it (alone on stdout). It is shown only once."""
+    from shared.db import require_migrated, transaction
+    from shared.errors import RatchetError
+    from shared.tenants import DEFAULT_SCOPES, create_key, get_tenant_by_name
+
+    require_migrated()
+    try:
+        with transaction() as session:
+            key = create_key(
+                session, get_tenant_by_name(session, tenant), tuple(scope or DEFAULT_SCOPES)
+            )
+    except RatchetError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(1) from None
+    typer.echo(key)
+
+
+def _client() -> httpx.Client:
+    url = os.environ.get("RATCHET_URL", "http://127.0.0.1:8000")
+    key = os.environ.get("RATCHET_KEY")
+    if not key:
+        _err("set RATCHET_KEY to an API key (and RATCHET_URL if not http://127.0.0.1:8000)")
+        raise typer.Exit(2)
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=75)
+
+
+@app.command()
+def submit(
+    input: Annotated[str, typer.Option("--input", "-i", help="the task's input text")],
+    agent: str = "default",
+    model: str | None = None,
+    script: Annotated[
+        Path | None, typer.Option(help="JSON file: the scripted model's turns")
+    ] = None,
+    tool: Annotated[list[str] | None, typer.Option(help="restrict to these tools")] = None,
+    max_steps: int | None = None,
+    wait: Annotated[bool, typer.Option(help="wait for the task to finish")] = False,
+) -> None:
+    """Submit a task over HTTP (RATCHET_URL, RATCHET_KEY) and print it as JSON."""
+    body: dict[str, Any] = {"agent": agent, "input": input}
+    if model:
+        body["model"] = model
+    if script:
+        turns = json.loads(script.read_text())
+        body["model_options"] = {"script": turns["script"] if isinstance(turns, dict) else turns}
+    if tool:
+        body["tools"] = tool
+    if max_steps:
+        body["max_steps"] = max_steps
+    with _client() as client:
+        response = client.post("/v1/tasks", json=body)
+        if response.status_code >= 400:
+            _err(response.text)
+            raise typer.Exit(1)
+        task = response.json()
+        while wait and task["status"] not in ("succeeded", "failed", "cancelled"):
+            task = client.get(f"/v1/tasks/{task['id']}", params={"wait": 30}).json()
+            time.sleep(0 if task["status"] in ("succeeded", "failed", "cancelled") else 0.1)
+    typer.echo(json.dumps(task, indent=2))
+    if wait and task["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app(prog_name="ratchet")
+    sys.exit(0)

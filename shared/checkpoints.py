@@ -1,0 +1,74 @@
+"""The checkpoint store: one row per step, holding that step's model response.
+
+A step's row is written once, when the model has answered and before any tool runs, so a
+committed model call is never made again. Rows hold only the step's own output: writes do
+not grow with the conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from shared.models import Step, utcnow
+from shared.task_store import Lease
+
+MODEL_RESPONDED = "model_responded"
+COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    response: dict[str, Any]
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    latency_ms: int
+    started_at: datetime
+
+
+def load_steps(
+    session: Session, task_id: str, *, after: int = 0, limit: int | None = None
+) -> Sequence[Step]:
+    query = select(Step).where(Step.task_id == task_id, Step.number > after).order_by(Step.number)
+    if limit is not None:
+        query = query.limit(limit)
+    return session.scalars(query).all()
+
+
+def get_step(session: Session, task_id: str, number: int) -> Step | None:
+    return session.get(Step, (task_id, number), populate_existing=True)
+
+
+def record_model_response(session: Session, lease: Lease, call: ModelCall) -> Step:
+    """Checkpoint the model's answer for ``lease.step``. The caller has fenced the lease."""
+    step = Step(
+        task_id=lease.task_id,
+        number=lease.step,
+        status=MODEL_RESPONDED,
+        response=call.response,
+        input_tokens=call.input_tokens,
+        output_tokens=call.output_tokens,
+        cost_usd=call.cost_usd,
+        model_latency_ms=call.latency_ms,
+        lease_epoch=lease.epoch,
+        started_at=call.started_at,
+        model_completed_at=utcnow(),
+    )
+    session.add(step)
+    session.flush()
+    return step
+
+
+def complete_step(session: Session, lease: Lease) -> None:
+    session.execute(
+        update(Step)
+        .where(Step.task_id == lease.task_id, Step.number == lease.step)
+        .values(status=COMPLETED, completed_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )

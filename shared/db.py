@@ -1,0 +1,123 @@
+"""Engines, sessions and the database clock."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import BigInteger, Engine, create_engine, event, text
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.expression import FunctionElement
+
+from shared.errors import DatabaseNotMigrated
+from shared.settings import get_settings
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+class now_ms(FunctionElement[int]):  # noqa: N801 - reads like the SQL function it stands for
+    """The database server's clock in epoch milliseconds: the only clock leases trust."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+@compiles(now_ms, "postgresql")
+def _now_ms_postgresql(element: now_ms, compiler: Any, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
+
+@compiles(now_ms, "sqlite")
+def _now_ms_sqlite(element: now_ms, compiler: Any, **kw: Any) -> str:
+    return "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, pool_recycle=1800)
+
+
+@lru_cache
+def _engine_for(url: str, pid: int) -> Engine:
+    return make_engine(url)
+
+
+def get_engine() -> Engine:
+    """The process's engine. Keyed on the PID so a forked Celery child never shares sockets."""
+    return _engine_for(get_settings().effective_database_url, os.getpid())
+
+
+def reset_engines() -> None:
+    _engine_for.cache_clear()
+
+
+def get_sessionmaker() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+@contextmanager
+def transaction() -> Iterator[Session]:
+    """A session inside one transaction: commits on success, rolls back on error."""
+    with get_sessionmaker()() as session, session.begin():
+        yield session
+
+
+def alembic_config(url: str | None = None) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url or get_settings().effective_database_url)
+    return config
+
+
+def migrate(url: str | None = None) -> None:
+    """Bring the schema to the newest revision."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), "head")
+
+
+def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        try:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except Exception:
+            return None
+
+
+def require_migrated(engine: Engine | None = None) -> None:
+    """Refuse to run against a database whose schema is not at the code's revision."""
+    engine = engine or get_engine()
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        raise DatabaseNotMigrated(
+            f"database {engine.url.render_as_string(hide_password=True)} is at revision "
+            f"{current or 'none'}, the code needs {head}: run `ratchet migrate`"
+        )

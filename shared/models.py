@@ -1,0 +1,177 @@
+"""The tables. ORM models are storage, never API schemas."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads it as given
+        dict[str, Any]: JSONType,
+        list[Any]: JSONType,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class TaskStatus:
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    ALL = (QUEUED, RUNNING, AWAITING_APPROVAL, SUCCEEDED, FAILED, CANCELLED)
+    TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
+    RUNNABLE = (QUEUED, RUNNING)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_tasks_tenant_idempotency_key"),
+        Index("ix_tasks_tenant_id_id", "tenant_id", "id"),
+        Index("ix_tasks_tenant_status_id", "tenant_id", "status", "id"),
+        Index("ix_tasks_status_due", "status", "due_ms"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    agent: Mapped[str] = mapped_column(String(100))
+    model: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(32), default=TaskStatus.QUEUED)
+    input: Mapped[Any] = mapped_column(JSONType)
+    instructions: Mapped[str | None] = mapped_column(Text)
+    tools: Mapped[list[Any]]
+    model_options: Mapped[dict[str, Any]]
+    max_steps: Mapped[int]
+    budget: Mapped[dict[str, Any] | None]
+    webhook: Mapped[dict[str, Any] | None]
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType)
+
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    steps: Mapped[int] = mapped_column(default=0)
+    attempt: Mapped[int] = mapped_column(default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    result: Mapped[dict[str, Any] | None]
+    error: Mapped[dict[str, Any] | None]
+    pending_approval: Mapped[dict[str, Any] | None]
+
+    # Leases: a worker owns the task while lease_expires_ms (database clock) is in the future.
+    lease_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_ms: Mapped[int | None] = mapped_column(BigInteger)
+    # When the next step should run; the sweeper re-enqueues runnable tasks long past due.
+    due_ms: Mapped[int | None] = mapped_column(BigInteger)
+    deadline_ms: Mapped[int | None] = mapped_column(BigInteger)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_event_seq: Mapped[int] = mapped_column(default=0)
+
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+
+class Step(Base):
+    """One step's checkpoint: the model's response, written once, before any tool runs."""
+
+    __tablename__ = "steps"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(32))
+    response: Mapped[dict[str, Any]]
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    model_latency_ms: Mapped[int] = mapped_column(default=0)
+    lease_epoch: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[datetime]
+    model_completed_at: Mapped[datetime]
+    completed_at: Mapped[datetime | None]
+
+
+class ToolCall(Base):
+    """The tool-call ledger: one row per call, unique on (task, call id)."""
+
+    __tablename__ = "tool_calls"
+    __table_args__ = (UniqueConstraint("task_id", "call_id", name="uq_tool_calls_task_call"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    step_number: Mapped[int]
+    position: Mapped[int]
+    call_id: Mapped[str] = mapped_column(String(100))
+    provider_call_id: Mapped[str] = mapped_column(String(200))
+    tool: Mapped[str] = mapped_column(String(100))
+    arguments: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16))
+    result: Mapped[Any | None] = mapped_column(JSONType)
+    error: Mapped[str | None] = mapped_column(Text)
+    idempotency_key: Mapped[str] = mapped_column(String(200))
+    runs: Mapped[int] = mapped_column(default=1)
+    lease_epoch: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+
+class TaskEvent(Base):
+    __tablename__ = "task_events"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    type: Mapped[str] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,200 @@
+"""Agents and tools: what a task may run. Both the API (to validate) and workers (to run) read it.
+
+An extension module defines tools with :func:`tool` and agents with :func:`register_agent`;
+``RATCHET_AGENT_MODULES`` names the modules to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeVar, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from shared.errors import NotFound, ToolArgumentsInvalid
+
+UnknownOutcomePolicy = Literal["fail", "tell_model"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a running tool may know about its call. ``idempotency_key`` is stable across re-runs."""
+
+    task_id: str
+    tenant_id: str
+    call_id: str
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    func: Callable[..., Any]
+    arguments_model: type[BaseModel]
+    idempotent: bool = False
+    requires_approval: bool = False
+    timeout: float | None = None
+    on_unknown_outcome: UnknownOutcomePolicy = "fail"
+    wants_context: bool = False
+
+    @property
+    def parameters_schema(self) -> dict[str, Any]:
+        schema = self.arguments_model.model_json_schema()
+        schema.pop("title", None)
+        return schema
+
+    def validate_arguments(self, arguments: Any) -> dict[str, Any]:
+        """The arguments coerced to the function's types; raises ToolArgumentsInvalid."""
+        if not isinstance(arguments, dict):
+            raise ToolArgumentsInvalid(f"arguments of {self.name} must be a JSON object")
+        try:
+            model = self.arguments_model.model_validate(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ToolArgumentsInvalid(f"invalid arguments for {self.name}: {problems}") from exc
+        fields = type(model).model_fields
+        return {(info.alias or name): getattr(model, name) for name, info in fields.items()}
+
+    def invoke(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+        values = self.validate_arguments(arguments)
+        if self.wants_context:
+            values["context"] = context
+        return self.func(**values)
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A named agent: its system prompt, default model, tools and step limit."""
+
+    name: str
+    system_prompt: str = ""
+    model: str | None = None
+    tools: tuple[str, ...] = ()
+    max_steps: int | None = None
+    description: str = ""
+
+
+@dataclass
+class Registry:
+    tools: dict[str, Tool] = field(default_factory=dict)
+    agents: dict[str, Agent] = field(default_factory=dict)
+
+
+_registry = Registry()
+_loaded: set[str] = set()
+_lock = threading.Lock()
+
+
+def _arguments_model(func: Callable[..., Any], name: str) -> tuple[type[BaseModel], bool]:
+    signature = inspect.signature(func)
+    fields: dict[str, Any] = {}
+    wants_context = False
+    hints = inspect.get_annotations(func, eval_str=True)
+    for param in signature.parameters.values():
+        if param.name == "context":
+            wants_context = True
+            continue
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        if hasattr(BaseModel, param.name):  # e.g. `json`: keep the name for the model, not pydantic
+            fields[param.name + "_"] = (Annotated[annotation, Field(alias=param.name)], default)
+        else:
+            fields[param.name] = (annotation, default)
+    model = create_model(
+        f"{name}_arguments", __config__=ConfigDict(extra="forbid", populate_by_name=False), **fields
+    )
+    return model, wants_context
+
+
+@overload
+def tool(func: F) -> F: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    idempotent: bool = False,
+    requires_approval: bool = False,
+    timeout: float | None = None,
+    on_unknown_outcome: UnknownOutcomePolicy | None = None,
+) -> Callable[[F], F]: ...
+def tool(
+    func: F | None = None,
+    *,
+    name: str | None = None,
+    idempotent: bool = False,
+    requires_approval: bool = False,
+    timeout: float | None = None,
+    on_unknown_outcome: UnknownOutcomePolicy | None = None,
+) -> F | Callable[[F], F]:
+    """Register a type-hinted function as a tool. Its docstring is what the model reads.
+
+    A parameter named ``context`` receives the call's :class:`ToolContext` and is not shown
+    to the model. ``idempotent`` tools are re-run after a crash left their outcome unknown;
+    for the others ``on_unknown_outcome`` decides: ``fail`` the task (the default) or
+    ``tell_model`` that the outcome is unknown.
+    """
+
+    def register(fn: F) -> F:
+        tool_name = name or fn.__name__
+        model, wants_context = _arguments_model(fn, tool_name)
+        _registry.tools[tool_name] = Tool(
+            name=tool_name,
+            description=inspect.cleandoc(fn.__doc__ or tool_name),
+            func=fn,
+            arguments_model=model,
+            idempotent=idempotent,
+            requires_approval=requires_approval,
+            timeout=timeout,
+            on_unknown_outcome=on_unknown_outcome or "fail",
+            wants_context=wants_context,
+        )
+        return fn
+
+    return register(func) if func is not None else register
+
+
+def register_agent(agent: Agent) -> Agent:
+    missing = [name for name in agent.tools if name not in _registry.tools]
+    if missing:
+        raise NotFound(f"agent {agent.name!r} names unknown tool(s): {', '.join(missing)}")
+    _registry.agents[agent.name] = agent
+    return agent
+
+
+def load(modules: Iterable[str] = ()) -> Registry:
+    """Import the built-in tools and agents and every extra module, once each."""
+    with _lock:
+        for module in ("shared.builtin_tools", *modules):
+            if module not in _loaded:
+                importlib.import_module(module)
+                _loaded.add(module)
+    return _registry
+
+
+def get_registry() -> Registry:
+    from shared.settings import get_settings
+
+    return load(get_settings().agent_modules)
+
+
+def get_agent(name: str) -> Agent:
+    agent = get_registry().agents.get(name)
+    if agent is None:
+        raise NotFound(f"no agent named {name!r}")
+    return agent
+
+
+def get_tool(name: str) -> Tool:
+    found = get_registry().tools.get(name)
+    if found is None:
+        raise NotFound(f"no tool named {name!r}")
+    return found

@@ -1,0 +1,90 @@
+"""The one settings object, read from ``RATCHET_*`` environment variables or ``.env``."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Every knob an operator can turn. Read through :func:`get_settings`, never at import time."""
+
+    model_config = SettingsConfigDict(env_prefix="RATCHET_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Path(".ratchet")
+    database_url: str = ""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str = ""
+    queue_name: str = "ratchet"
+
+    default_model: str = "scripted"
+    default_max_steps: int = Field(20, ge=1)
+    max_steps_limit: int = Field(200, ge=1)
+    max_request_bytes: int = Field(1_000_000, ge=1024)
+    task_deadline_seconds: float | None = Field(3600.0, gt=0)
+    agent_modules: CommaList = []
+
+    lease_ttl_seconds: float = Field(30.0, gt=0)
+    max_step_attempts: int = Field(5, ge=1)
+    visibility_timeout_seconds: int = Field(3600, ge=60)
+    step_time_limit_seconds: int = Field(900, ge=10)
+    sweep_interval_seconds: float = Field(5.0, gt=0)
+    sweep_grace_seconds: float = Field(30.0, ge=0)
+
+    model_timeout_seconds: float = Field(60.0, gt=0)
+    model_max_attempts: int = Field(5, ge=1)
+    model_retry_base_seconds: float = Field(0.5, ge=0)
+    openai_base_url: str | None = None
+    openai_api_key: SecretStr | None = None
+    anthropic_base_url: str | None = None
+    anthropic_api_key: SecretStr | None = None
+
+    http_allowed_hosts: CommaList = []
+    webhook_allowed_hosts: CommaList = []
+    tool_timeout_seconds: float = Field(60.0, gt=0)
+
+    _split = field_validator(
+        "agent_modules", "http_allowed_hosts", "webhook_allowed_hosts", mode="before"
+    )(_split_commas)
+
+    @field_validator("database_url")
+    @classmethod
+    def _psycopg_driver(cls, value: str) -> str:
+        # Accept the usual libpq-style URL and point SQLAlchemy at psycopg 3.
+        for prefix in ("postgres://", "postgresql://"):
+            if value.startswith(prefix):
+                return "postgresql+psycopg://" + value[len(prefix) :]
+        return value
+
+    @property
+    def effective_database_url(self) -> str:
+        """The database to use: the configured one, else a SQLite file in the data directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'ratchet.db').resolve()}"
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def embedded(self) -> bool:
+        """True when the queue runs in-process (``ratchet dev``)."""
+        return self.effective_broker_url.startswith("memory://")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,416 @@
+"""Every query on the tasks table: creation, lookup, leases, progress and final states.
+
+Functions take a session and never commit: the caller owns the transaction. State changes
+are conditional UPDATEs; those that can lose a race say whether they happened.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy.orm import Session
+
+from shared.db import now_ms
+from shared.errors import Conflict, LeaseLost, NotFound
+from shared.events import append_event
+from shared.ids import new_id
+from shared.models import Task, TaskStatus, utcnow
+from shared.views import task_document
+
+
+@dataclass(frozen=True)
+class NewTask:
+    agent: str
+    model: str
+    input: Any
+    instructions: str | None
+    tools: list[str]
+    model_options: dict[str, Any]
+    max_steps: int
+    budget: dict[str, Any] | None
+    webhook: dict[str, Any] | None
+    metadata: dict[str, Any]
+    deadline_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Proof that this worker may write the task's next step, for as long as the epoch holds."""
+
+    task_id: str
+    epoch: int
+    owner: str
+    step: int
+    attempt: int
+    ttl_ms: int
+
+
+@dataclass(frozen=True)
+class LeaseRefused:
+    """Why no lease: ``retry_in_ms`` > 0 means try again then; 0 means drop the message."""
+
+    reason: str
+    retry_in_ms: int = 0
+
+
+def create_task(
+    session: Session,
+    tenant_id: str,
+    spec: NewTask,
+    *,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+) -> Task:
+    task = Task(
+        id=new_id(),
+        tenant_id=tenant_id,
+        agent=spec.agent,
+        model=spec.model,
+        status=TaskStatus.QUEUED,
+        input=spec.input,
+        instructions=spec.instructions,
+        tools=spec.tools,
+        model_options=spec.model_options,
+        max_steps=spec.max_steps,
+        budget=spec.budget,
+        webhook=spec.webhook,
+        meta=spec.metadata,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        due_ms=now_ms(),
+        deadline_ms=now_ms() + int(spec.deadline_seconds * 1000) if spec.deadline_seconds else None,
+    )
+    session.add(task)
+    session.flush()
+    session.refresh(task)
+    append_event(session, task.id, "task.queued", task_document(task))
+    return task
+
+
+def find_by_idempotency_key(session: Session, tenant_id: str, key: str) -> Task | None:
+    return session.scalar(
+        select(Task).where(Task.tenant_id == tenant_id, Task.idempotency_key == key)
+    )
+
+
+def get_task(session: Session, tenant_id: str, task_id: str) -> Task:
+    """The tenant's task. Another tenant's task is indistinguishable from a missing one."""
+    task = session.scalar(select(Task).where(Task.id == task_id, Task.tenant_id == tenant_id))
+    if task is None:
+        raise NotFound(f"no task {task_id}")
+    return task
+
+
+def encode_cursor(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError("malformed cursor") from exc
+
+
+def list_tasks(
+    session: Session,
+    tenant_id: str,
+    *,
+    status: str | None = None,
+    agent: str | None = None,
+    limit: int = 50,
+    after_id: str | None = None,
+) -> tuple[Sequence[Task], str | None]:
+    """A page of the tenant's tasks, newest first, and the id to continue after (or None)."""
+    query = select(Task).where(Task.tenant_id == tenant_id)
+    if status:
+        query = query.where(Task.status == status)
+    if agent:
+        query = query.where(Task.agent == agent)
+    if after_id:
+        query = query.where(Task.id < after_id)
+    rows = session.scalars(query.order_by(Task.id.desc()).limit(limit + 1)).all()
+    more = len(rows) > limit
+    return rows[:limit], (rows[limit - 1].id if more else None)
+
+
+def take_lease(
+    session: Session,
+    task_id: str,
+    *,
+    owner: str,
+    ttl_ms: int,
+    step: int | None,
+    max_attempts: int,
+) -> Lease | LeaseRefused:
+    """Take the task's lease for its next step, bumping ``lease_epoch`` and ``attempt``.
+
+    A message for a step that is already committed is stale and refused for good; a lease
+    held by someone else is refused with the time it has left. A step that has already been
+    attempted ``max_attempts`` times without committing (its workers keep dying) fails the
+    task with ``worker_lost`` instead of looping forever.
+    """
+    task = session.get(Task, task_id, populate_existing=True)
+    if task is None:
+        return LeaseRefused("missing")
+    if task.status not in TaskStatus.RUNNABLE:
+        return LeaseRefused(f"status is {task.status}")
+    if step is not None and task.steps + 1 != step:
+        return LeaseRefused(f"stale message for step {step}; task is at step {task.steps + 1}")
+    clock = session.scalar(select(now_ms()))
+    assert clock is not None
+    if task.lease_expires_ms is not None and task.lease_expires_ms > clock:
+        return LeaseRefused("held by another worker", retry_in_ms=task.lease_expires_ms - clock)
+    if task.attempt >= max_attempts:
+        _fail_poisoned(session, task, max_attempts)
+        return LeaseRefused("poisoned: failed with worker_lost")
+    was_queued = task.status == TaskStatus.QUEUED
+    row = session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.lease_epoch == task.lease_epoch)
+        .where(Task.status.in_(TaskStatus.RUNNABLE))
+        .values(
+            lease_epoch=Task.lease_epoch + 1,
+            lease_owner=owner,
+            lease_expires_ms=now_ms() + ttl_ms,
+            attempt=Task.attempt + 1,
+            status=TaskStatus.RUNNING,
+            started_at=func.coalesce(Task.started_at, utcnow()),
+            updated_at=utcnow(),
+        )
+        .returning(Task.lease_epoch, Task.attempt)
+        .execution_options(synchronize_session=False)
+    ).first()
+    if row is None:
+        return LeaseRefused("lost the race for the lease", retry_in_ms=ttl_ms)
+    if was_queued:
+        session.refresh(task)
+        append_event(session, task_id, "task.started", task_document(task))
+    return Lease(task_id, row.lease_epoch, owner, task.steps + 1, row.attempt, ttl_ms)
+
+
+def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> None:
+    error = {
+        "type": "worker_lost",
+        "message": f"step {task.steps + 1} was started {task.attempt} times and never finished "
+        f"(its worker died each time); giving up after {max_attempts} attempts",
+    }
+    done = session.execute(
+        update(Task)
+        .where(Task.id == task.id, Task.lease_epoch == task.lease_epoch)
+        .values(
+            status=TaskStatus.FAILED,
+            error=error,
+            finished_at=utcnow(),
+            updated_at=utcnow(),
+            lease_owner=None,
+            lease_expires_ms=None,
+            due_ms=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if done.rowcount == 1:  # type: ignore[attr-defined]
+        session.refresh(task)
+        append_event(session, task.id, "task.failed", task_document(task))
+
+
+def _held(lease: Lease) -> ColumnElement[bool]:
+    return (
+        (Task.id == lease.task_id)
+        & (Task.lease_epoch == lease.epoch)
+        & Task.status.in_(TaskStatus.RUNNABLE)
+    )
+
+
+def fence(session: Session, lease: Lease) -> bool:
+    """Assert the lease inside the caller's transaction and extend it; return cancel_requested.
+
+    The UPDATE locks the task row until commit, so a competing lease-taker waits for this
+    transaction and then sees the bumped epoch: only a holder of the current epoch can write.
+    Raises LeaseLost if the epoch moved on (or the task left a runnable state).
+    """
+    row = session.execute(
+        update(Task)
+        .where(_held(lease))
+        .values(lease_expires_ms=now_ms() + lease.ttl_ms, updated_at=utcnow())
+        .returning(Task.cancel_requested)
+        .execution_options(synchronize_session=False)
+    ).first()
+    if row is None:
+        raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
+    return bool(row.cancel_requested)
+
+
+def add_usage(
+    session: Session, lease: Lease, *, input_tokens: int, output_tokens: int, cost_usd: float
+) -> None:
+    session.execute(
+        update(Task)
+        .where(_held(lease))
+        .values(
+            input_tokens=Task.input_tokens + input_tokens,
+            output_tokens=Task.output_tokens + output_tokens,
+            cost_usd=Task.cost_usd + cost_usd,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def commit_progress(session: Session, lease: Lease) -> None:
+    """Record that ``lease.step`` is done and free the task for the next step's message."""
+    session.execute(
+        update(Task)
+        .where(_held(lease))
+        .values(
+            steps=lease.step,
+            attempt=0,
+            lease_owner=None,
+            lease_expires_ms=None,
+            due_ms=now_ms(),
+            updated_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def release_lease(session: Session, lease: Lease, *, delay_ms: int = 0) -> None:
+    """Give the lease back without progress (a wait); the attempt does not count."""
+    session.execute(
+        update(Task)
+        .where(_held(lease))
+        .values(
+            attempt=Task.attempt - 1,
+            lease_owner=None,
+            lease_expires_ms=None,
+            due_ms=now_ms() + delay_ms,
+            updated_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def finish(
+    session: Session,
+    lease: Lease,
+    *,
+    status: str,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    steps: int | None = None,
+) -> Task:
+    """Move the task to a terminal state (fenced) and append its terminal event."""
+    assert status in TaskStatus.TERMINAL
+    values: dict[str, Any] = {
+        "status": status,
+        "result": result,
+        "error": error,
+        "finished_at": utcnow(),
+        "updated_at": utcnow(),
+        "lease_owner": None,
+        "lease_expires_ms": None,
+        "due_ms": None,
+        "cancel_requested": False,
+    }
+    if steps is not None:
+        values["steps"] = steps
+    done = session.execute(
+        update(Task)
+        .where(_held(lease))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if done.rowcount != 1:  # type: ignore[attr-defined]
+        raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
+    task = session.get(Task, lease.task_id, populate_existing=True)
+    assert task is not None
+    append_event(session, task.id, f"task.{status}", task_document(task))
+    return task
+
+
+def request_cancel(session: Session, tenant_id: str, task_id: str) -> Task:
+    """Cancel now if no worker holds the task; otherwise flag it for the next commit point."""
+    task = get_task(session, tenant_id, task_id)
+    if task.status in TaskStatus.TERMINAL:
+        raise Conflict(f"task {task_id} is already {task.status}")
+    clock = session.scalar(select(now_ms()))
+    assert clock is not None
+    idle = task.lease_expires_ms is None or task.lease_expires_ms <= clock
+    if idle:
+        done = session.execute(
+            update(Task)
+            .where(Task.id == task_id, Task.lease_epoch == task.lease_epoch)
+            .where(Task.status.not_in(TaskStatus.TERMINAL))
+            .values(
+                status=TaskStatus.CANCELLED,
+                finished_at=utcnow(),
+                updated_at=utcnow(),
+                due_ms=None,
+                error={"type": "cancelled", "message": "cancelled at the client's request"},
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if done.rowcount == 1:  # type: ignore[attr-defined]
+            session.refresh(task)
+            append_event(session, task_id, "task.cancelled", task_document(task))
+            return task
+    session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.status.not_in(TaskStatus.TERMINAL))
+        .values(cancel_requested=True, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(task)
+    return task
+
+
+def requeue_failed(session: Session, tenant_id: str, task_id: str) -> Task:
+    """``failed → queued``: the task resumes from its last committed step."""
+    task = get_task(session, tenant_id, task_id)
+    done = session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.status == TaskStatus.FAILED)
+        .values(
+            status=TaskStatus.QUEUED,
+            error=None,
+            finished_at=None,
+            attempt=0,
+            due_ms=now_ms(),
+            updated_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if done.rowcount != 1:  # type: ignore[attr-defined]
+        raise Conflict(f"only a failed task can be retried; task {task_id} is {task.status}")
+    session.refresh(task)
+    append_event(session, task_id, "task.queued", task_document(task))
+    return task
+
+
+def due_for_sweep(
+    session: Session, *, grace_ms: int, limit: int = 500
+) -> Sequence[tuple[str, int]]:
+    """Runnable tasks with no live lease whose next step is overdue: their message was lost."""
+    clock = now_ms()
+    rows = session.execute(
+        select(Task.id, Task.steps)
+        .where(Task.status.in_(TaskStatus.RUNNABLE))
+        .where(Task.due_ms < clock - grace_ms)
+        .where((Task.lease_expires_ms.is_(None)) | (Task.lease_expires_ms < clock))
+        .order_by(Task.due_ms)
+        .limit(limit)
+    ).all()
+    return [(row.id, row.steps + 1) for row in rows]
+
+
+def mark_redispatched(session: Session, task_ids: Sequence[str]) -> None:
+    if task_ids:
+        session.execute(
+            update(Task)
+            .where(Task.id.in_(task_ids))
+            .values(due_ms=now_ms())
+            .execution_options(synchronize_session=False)
+        )

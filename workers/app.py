@@ -1,0 +1,39 @@
+"""The Celery app and its tasks. Start it with ``ratchet worker``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+
+from shared.constants import ADVANCE_TASK
+from shared.db import reset_engines
+from shared.queue import get_celery
+from shared.registry import get_registry
+from workers import step_runner, sweeper
+
+log = logging.getLogger("ratchet.worker")
+app = get_celery()
+
+
+@app.task(name=ADVANCE_TASK)
+def advance_task(task_id: str, step: int | None = None) -> None:
+    """Advance ``task_id`` by one step; safe to run twice (the lease decides)."""
+    step_runner.advance(task_id, step)
+
+
+@signals.worker_process_init.connect
+def _fresh_connections(**_: Any) -> None:
+    # A forked child must not reuse the parent's database sockets.
+    reset_engines()
+
+
+@signals.worker_init.connect
+def _load_registry(**_: Any) -> None:
+    get_registry()
+
+
+@signals.worker_ready.connect
+def _start_sweeper(**_: Any) -> None:
+    sweeper.start()

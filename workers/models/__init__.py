@@ -1,0 +1,31 @@
+"""Model providers behind one interface: ``complete(ModelRequest) -> ModelResponse``."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from shared.providers import parse_model
+from workers.models.base import ModelRequest, ModelResponse, Provider, ToolCallRequest
+
+__all__ = ["ModelRequest", "ModelResponse", "Provider", "ToolCallRequest", "get_provider"]
+
+
+@cache
+def _provider(name: str) -> Provider:
+    if name == "scripted":
+        from workers.models.scripted import ScriptedProvider
+
+        return ScriptedProvider()
+    if name == "openai":
+        from workers.models.openai import OpenAIProvider
+
+        return OpenAIProvider()
+    from workers.models.anthropic import AnthropicProvider
+
+    return AnthropicProvider()
+
+
+def get_provider(model: str) -> tuple[Provider, str]:
+    """The provider for a ``provider:model`` string, and the model name to send it."""
+    provider, name = parse_model(model)
+    return _provider(provider), name

@@ -1,0 +1,120 @@
+"""``anthropic:<model>``: the Messages API via the official SDK, its own retries off."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import anthropic
+
+from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
+from shared.settings import get_settings
+from workers.models.base import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCallRequest,
+    parse_retry_after,
+)
+
+PASSED_OPTIONS = ("temperature", "top_p", "top_k", "stop_sequences", "tool_choice")
+DEFAULT_MAX_TOKENS = 4096
+
+
+def to_anthropic(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """Split out the system prompt and fold tool results into user turns."""
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system" and m["content"])
+    wire: list[dict[str, Any]] = []
+    for message in messages:
+        role = message["role"]
+        if role == "system":
+            continue
+        if role == "tool":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": message["tool_call_id"],
+                "content": message["content"],
+            }
+            if wire and wire[-1]["role"] == "user" and isinstance(wire[-1]["content"], list):
+                wire[-1]["content"].append(block)
+            else:
+                wire.append({"role": "user", "content": [block]})
+        elif role == "assistant":
+            blocks: list[dict[str, Any]] = []
+            if message.get("content"):
+                blocks.append({"type": "text", "text": message["content"]})
+            for call in message.get("tool_calls") or []:
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call["id"],
+                        "name": call["name"],
+                        "input": call["arguments"],
+                    }
+                )
+            wire.append({"role": "assistant", "content": blocks})
+        else:
+            wire.append({"role": "user", "content": message.get("content") or ""})
+    return system, wire
+
+
+def map_error(exc: anthropic.AnthropicError) -> Exception:
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ModelTransientError("the model provider timed out")
+    if isinstance(exc, anthropic.APIConnectionError):
+        return ModelTransientError(f"cannot reach the model provider: {exc}")
+    if isinstance(exc, anthropic.APIStatusError):
+        retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
+        status = exc.status_code
+        message = f"the model provider answered {status}: {exc.message}"
+        if status == 429:
+            return ModelRateLimited(message, retry_after=retry_after)
+        if status >= 500 or status in (408, 529):
+            return ModelTransientError(message, retry_after=retry_after)
+        return ModelPermanentError(message)
+    return ModelPermanentError(f"model provider error: {exc}")
+
+
+class AnthropicProvider:
+    @cached_property
+    def client(self) -> anthropic.Anthropic:
+        settings = get_settings()
+        key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
+        return anthropic.Anthropic(
+            api_key=key or "not-set",
+            base_url=settings.anthropic_base_url,
+            timeout=settings.model_timeout_seconds,
+            max_retries=0,
+        )
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        system, messages = to_anthropic(request.messages)
+        options: dict[str, Any] = {k: v for k, v in request.options.items() if k in PASSED_OPTIONS}
+        if system:
+            options["system"] = system
+        if request.tools:
+            options["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                for t in request.tools
+            ]
+        try:
+            reply = self.client.messages.create(
+                model=request.model,
+                max_tokens=int(request.options.get("max_tokens", DEFAULT_MAX_TOKENS)),
+                messages=messages,  # type: ignore[arg-type]
+                **options,
+            )
+        except anthropic.AnthropicError as exc:
+            raise map_error(exc) from exc
+        text = "".join(block.text for block in reply.content if block.type == "text")
+        calls = [
+            ToolCallRequest(block.id, block.name, dict(block.input))
+            for block in reply.content
+            if block.type == "tool_use"
+        ]
+        return ModelResponse(
+            content=text or None,
+            tool_calls=calls,
+            input_tokens=reply.usage.input_tokens,
+            output_tokens=reply.usage.output_tokens,
+        )

@@ -1,0 +1,110 @@
+"""What every provider takes and returns, in Ratchet's own message format.
+
+Messages are dicts: ``{"role": "system"|"user"|"assistant"|"tool", "content": str|None}``,
+assistant messages may carry ``tool_calls: [{"id", "name", "arguments"}]`` and tool messages
+carry ``tool_call_id`` and ``name``. Providers translate to and from their wire formats.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolSchema:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    task_id: str
+    step: int
+    model: str
+    messages: list[Message]
+    tools: list[ToolSchema]
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCallRequest:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    invalid_arguments: str | None = None  # the raw text when the model sent malformed JSON
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    content: str | None
+    tool_calls: list[ToolCallRequest] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "content": self.content,
+            "tool_calls": [
+                {"id": c.id, "name": c.name, "arguments": c.arguments}
+                | ({"invalid_arguments": c.invalid_arguments} if c.invalid_arguments else {})
+                for c in self.tool_calls
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelResponse:
+        return cls(
+            content=data.get("content"),
+            tool_calls=[
+                ToolCallRequest(
+                    id=c["id"],
+                    name=c["name"],
+                    arguments=c.get("arguments") or {},
+                    invalid_arguments=c.get("invalid_arguments"),
+                )
+                for c in data.get("tool_calls", [])
+            ],
+        )
+
+
+class Provider(Protocol):
+    def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+def parse_arguments(raw: str | None) -> tuple[dict[str, Any], str | None]:
+    """Decode a tool call's JSON arguments; malformed ones are kept raw for the error."""
+    if not raw:
+        return {}, None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return {}, raw
+    return (value, None) if isinstance(value, dict) else ({}, raw)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds, from either delta-seconds or an HTTP-date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, moment.timestamp() - time.time())
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough count (about four characters a token) where no tokenizer applies."""
+    return max(1, (len(text) + 3) // 4) if text else 0

@@ -1,0 +1,143 @@
+"""``openai:<model>``: any OpenAI-compatible chat-completions endpoint, via the official SDK.
+
+The SDK's own retries are off: Ratchet decides about retries, so it can count them, honour
+``Retry-After`` and send long waits back through the queue.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from typing import Any
+
+import openai
+
+from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
+from shared.settings import get_settings
+from workers.models.base import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCallRequest,
+    parse_arguments,
+    parse_retry_after,
+)
+
+PASSED_OPTIONS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "response_format",
+    "parallel_tool_calls",
+    "tool_choice",
+    "reasoning_effort",
+)
+
+
+def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    wire: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] == "tool":
+            wire.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": message["tool_call_id"],
+                    "content": message["content"],
+                }
+            )
+        elif message["role"] == "assistant" and message.get("tool_calls"):
+            wire.append(
+                {
+                    "role": "assistant",
+                    "content": message.get("content"),
+                    "tool_calls": [
+                        {
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {
+                                "name": call["name"],
+                                "arguments": json.dumps(call["arguments"]),
+                            },
+                        }
+                        for call in message["tool_calls"]
+                    ],
+                }
+            )
+        else:
+            wire.append({"role": message["role"], "content": message.get("content") or ""})
+    return wire
+
+
+def map_error(exc: openai.OpenAIError) -> Exception:
+    """Sort an SDK error into transient (retry) or permanent (fail the task)."""
+    if isinstance(exc, openai.APITimeoutError):
+        return ModelTransientError("the model provider timed out")
+    if isinstance(exc, openai.APIConnectionError):
+        return ModelTransientError(f"cannot reach the model provider: {exc}")
+    if isinstance(exc, openai.APIStatusError):
+        retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
+        status = exc.status_code
+        message = f"the model provider answered {status}: {exc.message}"
+        if status == 429:
+            return ModelRateLimited(message, retry_after=retry_after)
+        if status >= 500 or status == 408:
+            return ModelTransientError(message, retry_after=retry_after)
+        return ModelPermanentError(message)
+    return ModelPermanentError(f"model provider error: {exc}")
+
+
+class OpenAIProvider:
+    @cached_property
+    def client(self) -> openai.OpenAI:
+        settings = get_settings()
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+        return openai.OpenAI(
+            api_key=key or "not-set",
+            base_url=settings.openai_base_url,
+            timeout=settings.model_timeout_seconds,
+            max_retries=0,
+        )
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        options = {k: v for k, v in request.options.items() if k in PASSED_OPTIONS}
+        if request.tools:
+            options["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in request.tools
+            ]
+        try:
+            completion = self.client.chat.completions.create(
+                model=request.model,
+                messages=to_openai_messages(request.messages),  # type: ignore[arg-type]
+                **options,
+            )
+        except openai.OpenAIError as exc:
+            raise map_error(exc) from exc
+        if not completion.choices:
+            raise ModelPermanentError("the model provider returned no choices")
+        message = completion.choices[0].message
+        calls = []
+        for call in message.tool_calls or []:
+            if call.type != "function":
+                continue
+            arguments, invalid = parse_arguments(call.function.arguments)
+            calls.append(ToolCallRequest(call.id, call.function.name, arguments, invalid))
+        usage = completion.usage
+        return ModelResponse(
+            content=message.content,
+            tool_calls=calls,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+        )

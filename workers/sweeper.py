@@ -1,0 +1,60 @@
+"""The sweeper: re-enqueues runnable tasks whose next step is overdue and unleased.
+
+A message can be lost: a worker killed with its message unacked (Redis hands it back only
+after the visibility timeout), a Redis restart or flush, a crash between the API's commit
+and its publish. Postgres still says the task is runnable, so the sweeper sends a new
+message. Extra messages are harmless: a message for a committed step is dropped, and two
+for the same step race for one lease.
+
+Every worker process runs a sweeper thread; on Postgres an advisory lock lets one sweep
+at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sqlalchemy import text
+
+from shared import task_store
+from shared.db import transaction
+from shared.queue import enqueue_step
+from shared.settings import get_settings
+
+log = logging.getLogger("ratchet.sweeper")
+SWEEP_LOCK_ID = 0x5241544348  # "RATCH"
+
+
+def sweep_once() -> int:
+    """One pass: re-enqueue every overdue task; return how many."""
+    grace_ms = int(get_settings().sweep_grace_seconds * 1000)
+    with transaction() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            got = session.scalar(
+                text("SELECT pg_try_advisory_xact_lock(:id)"), {"id": SWEEP_LOCK_ID}
+            )
+            if not got:
+                return 0
+        overdue = task_store.due_for_sweep(session, grace_ms=grace_ms)
+        task_store.mark_redispatched(session, [task_id for task_id, _ in overdue])
+    for task_id, step in overdue:
+        enqueue_step(task_id, step)
+    if overdue:
+        log.warning("sweeper re-enqueued %d task(s)", len(overdue))
+    return len(overdue)
+
+
+def run(stop: threading.Event) -> None:
+    interval = get_settings().sweep_interval_seconds
+    while not stop.wait(interval):
+        try:
+            sweep_once()
+        except Exception:
+            log.exception("sweep failed; trying again in %s s", interval)
+
+
+def start() -> threading.Event:
+    stop = threading.Event()
+    threading.Thread(target=run, args=(stop,), name="ratchet-sweeper", daemon=True).start()
+    return stop

@@ -1,0 +1,57 @@
+"""Running one tool call: validated arguments, a time limit, and an outcome that is data."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from shared.errors import RatchetError
+from shared.registry import Tool, ToolContext
+from shared.settings import get_settings
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    result: Any = None
+    error: str | None = None
+
+
+def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outcome:
+    """Run ``tool``; any failure (bad arguments, an exception, the time limit) is an Outcome.
+
+    A call that overruns its limit is abandoned, not killed: Python cannot stop a thread, so
+    tools that can block for long should take their own timeouts too (``http_request`` does).
+    """
+    limit = tool.timeout or get_settings().tool_timeout_seconds
+    pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix=f"tool-{tool.name}"
+    )
+    future = pool.submit(tool.invoke, arguments, context)
+    try:
+        return Outcome(ok=True, result=_jsonable(future.result(timeout=limit)))
+    except concurrent.futures.TimeoutError:
+        return Outcome(ok=False, error=f"{tool.name} timed out after {limit:g} s")
+    except RatchetError as exc:
+        return Outcome(ok=False, error=str(exc))
+    except Exception as exc:  # a tool's bug goes back to the model, it does not crash the task
+        return Outcome(ok=False, error=f"{tool.name} raised {type(exc).__name__}: {exc}")
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
+
+
+def message_content(*, ok: bool, result: Any, error: str | None) -> str:
+    """What the model reads back for a call."""
+    if not ok:
+        return f"error: {error}"
+    return result if isinstance(result, str) else json.dumps(result)
