@@ -31,6 +31,9 @@ def configure(app: Celery, settings: Settings) -> None:
         worker_prefetch_multiplier=1,
         task_time_limit=settings.step_time_limit_seconds,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        # SIGTERM: stop taking messages, give running steps this long, then requeue the rest.
+        worker_soft_shutdown_timeout=settings.shutdown_grace_seconds,
+        worker_enable_soft_shutdown_on_idle=True,
         worker_hijack_root_logger=False,
     )
 

@@ -40,12 +40,14 @@ class Settings(BaseSettings):
     max_step_attempts: int = Field(5, ge=1)
     visibility_timeout_seconds: int = Field(3600, ge=60)
     step_time_limit_seconds: int = Field(900, ge=10)
+    shutdown_grace_seconds: float = Field(20.0, ge=0)
     sweep_interval_seconds: float = Field(5.0, gt=0)
     sweep_grace_seconds: float = Field(30.0, ge=0)
 
     model_timeout_seconds: float = Field(60.0, gt=0)
     model_max_attempts: int = Field(5, ge=1)
     model_retry_base_seconds: float = Field(0.5, ge=0)
+    model_retry_inline_max_seconds: float = Field(5.0, ge=0)
     openai_base_url: str | None = None
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str | None = None

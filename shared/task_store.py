@@ -268,6 +268,7 @@ def commit_progress(session: Session, lease: Lease) -> None:
         .values(
             steps=lease.step,
             attempt=0,
+            model_failures=0,
             lease_owner=None,
             lease_expires_ms=None,
             due_ms=now_ms(),
@@ -277,12 +278,16 @@ def commit_progress(session: Session, lease: Lease) -> None:
     )
 
 
-def release_lease(session: Session, lease: Lease, *, delay_ms: int = 0) -> None:
+def release_lease(
+    session: Session, lease: Lease, *, delay_ms: int = 0, model_failures: int | None = None
+) -> None:
     """Give the lease back without progress (a wait); the attempt does not count."""
+    extra = {} if model_failures is None else {"model_failures": model_failures}
     session.execute(
         update(Task)
         .where(_held(lease))
         .values(
+            **extra,
             attempt=Task.attempt - 1,
             lease_owner=None,
             lease_expires_ms=None,
@@ -314,6 +319,7 @@ def finish(
         "lease_expires_ms": None,
         "due_ms": None,
         "cancel_requested": False,
+        "model_failures": 0,
     }
     if steps is not None:
         values["steps"] = steps
@@ -378,6 +384,7 @@ def requeue_failed(session: Session, tenant_id: str, task_id: str) -> Task:
             error=None,
             finished_at=None,
             attempt=0,
+            model_failures=0,
             due_ms=now_ms(),
             updated_at=utcnow(),
         )

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,10 +23,9 @@ from typing import NoReturn
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
-from tenacity.wait import wait_random_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from shared import checkpoints, ledger, task_store
+from shared import checkpoints, failpoints, ledger, task_store
 from shared.db import now_ms, transaction
 from shared.errors import LeaseLost, ModelError, ModelTransientError
 from shared.events import append_event
@@ -40,10 +40,11 @@ from workers.models import ModelRequest, ModelResponse, ToolCallRequest, get_pro
 from workers.models.base import Message, ToolSchema
 
 log = logging.getLogger("ratchet.step")
+MAX_BACKOFF_SECONDS = 600.0
 
 
 class TaskEnded(Exception):
-    """The step ended the task (terminal state committed); nothing more to do."""
+    """This message's work is over: the task reached a terminal state or was deferred."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def run_step(lease: Lease) -> bool:
         answer = call_model(ctx)
         if record_response(ctx, answer):
             return True
+        failpoints.hit("after_model_commit")
         response = answer.response
     else:
         response = ModelResponse.from_dict(ctx.step_row.response)
@@ -163,6 +165,7 @@ def run_step(lease: Lease) -> bool:
         checkpoints.complete_step(session, lease)
         task_store.commit_progress(session, lease)
         append_event(session, lease.task_id, "step.completed", {"step": lease.step})
+    failpoints.hit("after_step_commit")
     return False
 
 
@@ -239,13 +242,43 @@ def check_limits(ctx: Context) -> None:
             pass
 
 
-def _wait_for_retry(base: Callable[[RetryCallState], float]) -> Callable[[RetryCallState], float]:
-    def wait(state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        retry_after = getattr(exc, "retry_after", None)
-        return max(base(state), retry_after or 0.0)
+class Deferred(Exception):
+    """The next retry is too far off to wait for in the worker: send it through the queue."""
 
-    return wait
+    def __init__(self, delay_s: float, failures: int) -> None:
+        super().__init__(f"retry in {delay_s:.1f} s")
+        self.delay_s = delay_s
+        self.failures = failures
+
+
+class RetryPolicy:
+    """Exponential backoff with full jitter, honouring Retry-After, counted across messages.
+
+    ``prior`` is how many calls of this step already failed (persisted on the task), so a
+    step that is re-queued for a long backoff keeps its place in the schedule.
+    """
+
+    def __init__(self, prior: int) -> None:
+        settings = get_settings()
+        self.prior = prior
+        self.base = settings.model_retry_base_seconds
+        self.max_attempts = settings.model_max_attempts
+        self.inline_max = settings.model_retry_inline_max_seconds
+        self.failures = prior
+
+    def wait(self, state: RetryCallState) -> float:
+        self.failures = self.prior + state.attempt_number
+        exc = state.outcome.exception() if state.outcome else None
+        jitter = random.uniform(0, min(MAX_BACKOFF_SECONDS, self.base * 2 ** (self.failures - 1)))
+        return max(jitter, getattr(exc, "retry_after", None) or 0.0)
+
+    def stop(self, state: RetryCallState) -> bool:
+        return self.prior + state.attempt_number >= self.max_attempts
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > self.inline_max:
+            raise Deferred(seconds, self.failures)
+        time.sleep(seconds)
 
 
 @dataclass(frozen=True)
@@ -257,7 +290,6 @@ class Answer:
 
 def call_model(ctx: Context) -> Answer:
     """Ask the model for this step, retrying transient errors with full jitter."""
-    settings = get_settings()
     provider, model_name = get_provider(ctx.task.model)
     request = ModelRequest(
         task_id=ctx.task.id,
@@ -267,20 +299,36 @@ def call_model(ctx: Context) -> Answer:
         tools=[ToolSchema(t.name, t.description, t.parameters_schema) for t in ctx.tools.values()],
         options=ctx.task.model_options,
     )
+    policy = RetryPolicy(prior=ctx.task.model_failures)
     retrying = Retrying(
         retry=retry_if_exception_type(ModelTransientError),
-        wait=_wait_for_retry(
-            wait_random_exponential(multiplier=settings.model_retry_base_seconds, max=30)
-        ),
-        stop=stop_after_attempt(settings.model_max_attempts),
+        wait=policy.wait,
+        stop=policy.stop,
+        sleep=policy.sleep,
         reraise=True,
     )
     started_at, started = utcnow(), time.monotonic()
+    failpoints.hit("model_call")
     try:
         response = retrying(provider.complete, request)
     except ModelError as exc:
-        fail(ctx.lease, exc.error_type, str(exc))
+        fail(ctx.lease, exc.error_type, f"{exc} (after {policy.failures} failed attempts)")
+    except Deferred as deferred:
+        defer(ctx.lease, deferred)
     return Answer(response, int((time.monotonic() - started) * 1000), started_at)
+
+
+def defer(lease: Lease, deferred: Deferred) -> NoReturn:
+    """Give the lease back and come back for this step after the backoff, via the queue."""
+    cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
+    delay_ms = min(int(deferred.delay_s * 1000), cap_ms)
+    with fenced(lease) as session:
+        task_store.release_lease(
+            session, lease, delay_ms=delay_ms, model_failures=deferred.failures
+        )
+    log.info("model call backs off %d ms via the queue", delay_ms, extra={"task_id": lease.task_id})
+    enqueue_step(lease.task_id, lease.step, delay_ms=delay_ms)
+    raise TaskEnded
 
 
 def record_response(ctx: Context, answer: Answer) -> bool:
@@ -377,7 +425,9 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest) -> None:
     else:
         with fenced(lease) as session:
             ledger.restart_call(session, lease, call_id)
+    failpoints.hit("tool_call")
     outcome = invoke(ctx, tool, call, call_id)
+    failpoints.hit("after_tool")
     with fenced(lease) as session:
         record_outcome(session, lease, call_id=call_id, name=call.name, outcome=outcome)
 

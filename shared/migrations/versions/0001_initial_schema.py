@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 12:35:53.319098
+Create Date: 2026-11-22 12:43:57.358359
 """
 
 from collections.abc import Sequence
@@ -61,6 +61,7 @@ def upgrade() -> None:
     sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('steps', sa.Integer(), nullable=False),
     sa.Column('attempt', sa.Integer(), nullable=False),
+    sa.Column('model_failures', sa.Integer(), nullable=False),
     sa.Column('input_tokens', sa.BigInteger(), nullable=False),
     sa.Column('output_tokens', sa.BigInteger(), nullable=False),
     sa.Column('cost_usd', sa.Float(), nullable=False),

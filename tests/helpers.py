@@ -1,0 +1,25 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def tool_turn(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def calculator_script(steps: int = 3) -> list[dict[str, Any]]:
+    """``steps - 1`` calculator calls, then a final answer: a task of exactly ``steps`` steps."""
+    turns = [tool_turn("calculator", expression=f"{i}*7") for i in range(1, steps)]
+    return [*turns, {"content": f"done after {steps - 1} calculations"}]
+
+
+def scripted_task(script: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "input": "run the script",
+        "model": "scripted",
+        "model_options": {"script": script},
+    } | extra

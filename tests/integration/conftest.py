@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.helpers import TERMINAL
+
+
+@pytest.fixture
+def client(service_env: dict[str, str]) -> Iterator[TestClient]:
+    """The API in-process (ASGI), against the real Postgres and Redis of this run."""
+    from api.main import create_app
+
+    with TestClient(create_app()) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def drive(service_env: dict[str, str]) -> Callable[..., str]:
+    """Run a task's steps inline, in this process, until it is terminal; return its status."""
+    from shared.db import transaction
+    from shared.models import Task
+    from workers.step_runner import advance
+
+    def run(task_id: str, max_messages: int = 100) -> str:
+        for _ in range(max_messages):
+            with transaction() as session:
+                task = session.get(Task, task_id)
+                assert task is not None
+                status, step = task.status, task.steps + 1
+            if status in TERMINAL or status == "awaiting_approval":
+                return status
+            advance(task_id, step)
+        raise AssertionError(f"task {task_id} did not finish within {max_messages} steps")
+
+    return run

@@ -1,0 +1,47 @@
+"""Tools and agents for the tests, loaded through RATCHET_AGENT_MODULES like any extension."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ratchet import Agent, ToolContext, register_agent, tool
+
+
+def _record(kind: str, context: ToolContext) -> None:
+    # Side effects land in a file so a test (or another process) can count them.
+    journal = os.environ.get("RATCHET_TEST_JOURNAL")
+    if journal:
+        with Path(journal).open("a") as handle:
+            handle.write(f"{kind} {context.idempotency_key}\n")
+
+
+@tool
+def send_email(to: str, subject: str, context: ToolContext) -> str:
+    """Send an email (not idempotent: after a crash mid-call the task fails)."""
+    _record("email", context)
+    return f"sent {subject!r} to {to}"
+
+
+@tool(on_unknown_outcome="tell_model")
+def charge_card(amount_cents: int, context: ToolContext) -> str:
+    """Charge a card (not idempotent: after a crash mid-call the model is told)."""
+    _record("charge", context)
+    return f"charged {amount_cents}"
+
+
+@tool(idempotent=True)
+def upsert_record(key: str, context: ToolContext) -> str:
+    """Write a record by key (idempotent: safe to run again)."""
+    _record("upsert", context)
+    return f"stored {key}"
+
+
+register_agent(
+    Agent(
+        name="ops",
+        description="Test agent with side-effecting tools.",
+        system_prompt="You run operations.",
+        tools=("send_email", "charge_card", "upsert_record", "calculator", "sleep", "http_request"),
+    )
+)
