@@ -1,0 +1,89 @@
+"""The scripted model, the provider plumbing and model strings, with no services."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.errors import InvalidRequest, ModelRateLimited, ModelTransientError
+from shared.providers import parse_model
+from workers.models.base import ModelRequest, parse_arguments, parse_retry_after
+from workers.models.scripted import ScriptedProvider
+
+
+def request(
+    script: list[dict[str, object]], step: int, messages: list[dict[str, object]] | None = None
+) -> ModelRequest:
+    return ModelRequest(
+        task_id="t",
+        step=step,
+        model="",
+        messages=messages or [{"role": "user", "content": "hi"}],
+        tools=[],
+        options={"script": script},
+    )
+
+
+def test_turn_n_answers_call_n() -> None:
+    script = [
+        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]},
+        {"content": "The answer is 42.", "usage": {"input_tokens": 10, "output_tokens": 5}},
+    ]
+    provider = ScriptedProvider()
+    first = provider.complete(request(script, 1))
+    assert first.content is None
+    assert [(c.name, c.arguments) for c in first.tool_calls] == [
+        ("calculator", {"expression": "6*7"})
+    ]
+    second = provider.complete(request(script, 2))
+    assert (second.content, second.input_tokens, second.output_tokens) == (
+        "The answer is 42.",
+        10,
+        5,
+    )
+
+
+def test_past_the_end_answers_with_the_last_tool_result() -> None:
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "tool", "tool_call_id": "a", "content": "42"},
+    ]
+    assert ScriptedProvider().complete(request([], 1, messages)).content == "42"
+
+
+@pytest.mark.parametrize(
+    ("error", "exc"),
+    [
+        ("rate_limit", ModelRateLimited),
+        ("server_error", ModelTransientError),
+        ("timeout", ModelTransientError),
+    ],
+)
+def test_error_turns_fail_n_times_then_answer(error: str, exc: type[Exception]) -> None:
+    provider = ScriptedProvider()
+    script = [{"error": error, "times": 2, "content": "ok"}]
+    for _ in range(2):
+        with pytest.raises(exc):
+            provider.complete(request(script, 1))
+    assert provider.complete(request(script, 1)).content == "ok"
+
+
+def test_model_strings() -> None:
+    assert parse_model("openai:gpt-4o-mini") == ("openai", "gpt-4o-mini")
+    assert parse_model("scripted") == ("scripted", "")
+    with pytest.raises(InvalidRequest, match="unknown model provider"):
+        parse_model("nope:x")
+    with pytest.raises(InvalidRequest):
+        parse_model("openai")
+
+
+def test_retry_after_accepts_seconds_and_http_dates() -> None:
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+
+
+def test_malformed_tool_arguments_are_kept_raw() -> None:
+    assert parse_arguments('{"a": 1}') == ({"a": 1}, None)
+    assert parse_arguments("{oops") == ({}, "{oops")
+    assert parse_arguments("[1]") == ({}, "[1]")
