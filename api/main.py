@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from api import problems
 from api.body_limit import BodyLimitMiddleware
-from api.routes import agents, health, tasks
+from api.routes import admin, agents, health, tasks
 from shared.db import require_migrated
 from shared.registry import get_registry
 from shared.settings import get_settings
@@ -34,4 +34,5 @@ def create_app() -> FastAPI:
     app.include_router(health.router)
     app.include_router(tasks.router)
     app.include_router(agents.router)
+    app.include_router(admin.router)
     return app

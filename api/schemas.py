@@ -106,6 +106,9 @@ class StepOut(BaseModel):
 class StepList(BaseModel):
     items: list[StepOut]
     next_cursor: str | None
+    waiting: dict[str, Any] | None = Field(
+        None, description="why the next step has not run yet (rate_limited, retry_backoff, …)"
+    )
 
 
 class ToolOut(BaseModel):

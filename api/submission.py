@@ -4,16 +4,38 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
+from fastapi import HTTPException
 from pydantic import ValidationError
 
 from api.schemas import TaskCreate
+from shared import limits
 from shared.egress import check_url
 from shared.errors import EgressDenied, InvalidRequest, NotFound
 from shared.providers import Script, parse_model
+from shared.rate_limiter import LimiterUnavailable, get_limiter
 from shared.registry import get_agent, get_registry
 from shared.settings import Settings
 from shared.task_store import NewTask
+
+
+def check_rate(tenant: str) -> None:
+    """The tenant's submission limit, if one is configured: 429 with Retry-After when over."""
+    take = limits.submission_take(tenant)
+    if take is None:
+        return
+    try:
+        decision = get_limiter().acquire([take])
+    except LimiterUnavailable as exc:
+        raise HTTPException(503, "the rate limiter is unavailable; try again shortly") from exc
+    if not decision.allowed:
+        retry_after = max(1, math.ceil(decision.retry_after_ms / 1000))
+        raise HTTPException(
+            429,
+            f"tenant {tenant!r} is over its submission limit; retry in {retry_after} s",
+            headers={"Retry-After": str(retry_after)},
+        )
 
 
 def request_hash(body: TaskCreate) -> str:

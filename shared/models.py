@@ -100,6 +100,7 @@ class Task(Base):
     steps: Mapped[int] = mapped_column(default=0)
     attempt: Mapped[int] = mapped_column(default=0)
     model_failures: Mapped[int] = mapped_column(default=0)  # failed model calls at this step
+    waiting: Mapped[dict[str, Any] | None]  # why the current step is waiting, if it is
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)

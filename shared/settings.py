@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     anthropic_base_url: str | None = None
     anthropic_api_key: SecretStr | None = None
 
+    rate_limits: str = ""
+    rate_limits_file: Path | None = None
+    rate_limit_inline_wait_ms: int = Field(250, ge=0)
+    provider_block_default_seconds: float = Field(1.0, ge=0)
+
     http_allowed_hosts: CommaList = []
     webhook_allowed_hosts: CommaList = []
     tool_timeout_seconds: float = Field(60.0, gt=0)

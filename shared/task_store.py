@@ -269,6 +269,7 @@ def commit_progress(session: Session, lease: Lease) -> None:
             steps=lease.step,
             attempt=0,
             model_failures=0,
+            waiting=None,
             lease_owner=None,
             lease_expires_ms=None,
             due_ms=now_ms(),
@@ -279,10 +280,20 @@ def commit_progress(session: Session, lease: Lease) -> None:
 
 
 def release_lease(
-    session: Session, lease: Lease, *, delay_ms: int = 0, model_failures: int | None = None
+    session: Session,
+    lease: Lease,
+    *,
+    delay_ms: int = 0,
+    model_failures: int | None = None,
+    waiting: dict[str, Any] | None = None,
 ) -> None:
-    """Give the lease back without progress (a wait); the attempt does not count."""
-    extra = {} if model_failures is None else {"model_failures": model_failures}
+    """Give the lease back without progress (a wait); the attempt does not count.
+
+    ``waiting`` says why (shown on the step timeline until the step moves on).
+    """
+    extra: dict[str, Any] = {"waiting": waiting}
+    if model_failures is not None:
+        extra["model_failures"] = model_failures
     session.execute(
         update(Task)
         .where(_held(lease))
@@ -320,6 +331,7 @@ def finish(
         "due_ms": None,
         "cancel_requested": False,
         "model_failures": 0,
+        "waiting": None,
     }
     if steps is not None:
         values["steps"] = steps

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -23,24 +22,22 @@ from typing import NoReturn
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from shared import checkpoints, failpoints, ledger, task_store
 from shared.db import now_ms, transaction
-from shared.errors import LeaseLost, ModelError, ModelTransientError
+from shared.errors import LeaseLost, ModelError
 from shared.events import append_event
-from shared.models import Step, Task, TaskStatus, ToolCall, utcnow
+from shared.models import Step, Task, TaskStatus, Tenant, ToolCall, utcnow
 from shared.pricing import cost_usd
 from shared.queue import enqueue_step
 from shared.registry import Agent, Tool, ToolContext, get_agent, get_registry
 from shared.settings import get_settings
 from shared.task_store import Lease, LeaseRefused
-from workers import tool_runner
+from workers import model_calls, tool_runner
 from workers.models import ModelRequest, ModelResponse, ToolCallRequest, get_provider
 from workers.models.base import Message, ToolSchema
 
 log = logging.getLogger("ratchet.step")
-MAX_BACKOFF_SECONDS = 600.0
 
 
 class TaskEnded(Exception):
@@ -58,6 +55,7 @@ class Context:
     history: list[Message]
     step_row: Step | None
     calls: dict[str, ToolCall]
+    tenant_name: str
 
 
 def worker_id() -> str:
@@ -175,6 +173,7 @@ def load_context(lease: Lease) -> Context:
         assert task is not None
         steps = checkpoints.load_steps(session, lease.task_id)
         calls = ledger.calls_for_task(session, lease.task_id)
+        tenant_name = session.scalar(select(Tenant.name).where(Tenant.id == task.tenant_id))
     agent = get_agent(task.agent)
     registry = get_registry()
     tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
@@ -188,6 +187,7 @@ def load_context(lease: Lease) -> Context:
         history=conversation(task, agent, done, calls),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
+        tenant_name=tenant_name or task.tenant_id,
     )
 
 
@@ -242,45 +242,6 @@ def check_limits(ctx: Context) -> None:
             pass
 
 
-class Deferred(Exception):
-    """The next retry is too far off to wait for in the worker: send it through the queue."""
-
-    def __init__(self, delay_s: float, failures: int) -> None:
-        super().__init__(f"retry in {delay_s:.1f} s")
-        self.delay_s = delay_s
-        self.failures = failures
-
-
-class RetryPolicy:
-    """Exponential backoff with full jitter, honouring Retry-After, counted across messages.
-
-    ``prior`` is how many calls of this step already failed (persisted on the task), so a
-    step that is re-queued for a long backoff keeps its place in the schedule.
-    """
-
-    def __init__(self, prior: int) -> None:
-        settings = get_settings()
-        self.prior = prior
-        self.base = settings.model_retry_base_seconds
-        self.max_attempts = settings.model_max_attempts
-        self.inline_max = settings.model_retry_inline_max_seconds
-        self.failures = prior
-
-    def wait(self, state: RetryCallState) -> float:
-        self.failures = self.prior + state.attempt_number
-        exc = state.outcome.exception() if state.outcome else None
-        jitter = random.uniform(0, min(MAX_BACKOFF_SECONDS, self.base * 2 ** (self.failures - 1)))
-        return max(jitter, getattr(exc, "retry_after", None) or 0.0)
-
-    def stop(self, state: RetryCallState) -> bool:
-        return self.prior + state.attempt_number >= self.max_attempts
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > self.inline_max:
-            raise Deferred(seconds, self.failures)
-        time.sleep(seconds)
-
-
 @dataclass(frozen=True)
 class Answer:
     response: ModelResponse
@@ -299,34 +260,41 @@ def call_model(ctx: Context) -> Answer:
         tools=[ToolSchema(t.name, t.description, t.parameters_schema) for t in ctx.tools.values()],
         options=ctx.task.model_options,
     )
-    policy = RetryPolicy(prior=ctx.task.model_failures)
-    retrying = Retrying(
-        retry=retry_if_exception_type(ModelTransientError),
-        wait=policy.wait,
-        stop=policy.stop,
-        sleep=policy.sleep,
-        reraise=True,
-    )
     started_at, started = utcnow(), time.monotonic()
     failpoints.hit("model_call")
     try:
-        response = retrying(provider.complete, request)
+        response = model_calls.complete(
+            provider,
+            request,
+            model=ctx.task.model,
+            tenant=ctx.tenant_name,
+            prior_failures=ctx.task.model_failures,
+        )
     except ModelError as exc:
-        fail(ctx.lease, exc.error_type, f"{exc} (after {policy.failures} failed attempts)")
-    except Deferred as deferred:
+        fail(ctx.lease, exc.error_type, str(exc))
+    except model_calls.Deferred as deferred:
         defer(ctx.lease, deferred)
     return Answer(response, int((time.monotonic() - started) * 1000), started_at)
 
 
-def defer(lease: Lease, deferred: Deferred) -> NoReturn:
-    """Give the lease back and come back for this step after the backoff, via the queue."""
+def defer(lease: Lease, deferred: model_calls.Deferred) -> NoReturn:
+    """Give the lease back and come back for this step after the wait, via the queue."""
     cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
     delay_ms = min(int(deferred.delay_s * 1000), cap_ms)
     with fenced(lease) as session:
         task_store.release_lease(
-            session, lease, delay_ms=delay_ms, model_failures=deferred.failures
+            session,
+            lease,
+            delay_ms=delay_ms,
+            model_failures=deferred.failures,
+            waiting={**deferred.reason, "retry_in_ms": delay_ms},
         )
-    log.info("model call backs off %d ms via the queue", delay_ms, extra={"task_id": lease.task_id})
+    log.info(
+        "step waits %d ms via the queue: %s",
+        delay_ms,
+        deferred.reason,
+        extra={"task_id": lease.task_id},
+    )
     enqueue_step(lease.task_id, lease.step, delay_ms=delay_ms)
     raise TaskEnded
 

@@ -51,6 +51,7 @@ def submit_task(
 ) -> TaskView:
     """Submit a task. Returns at once with the queued task; a worker runs it."""
     spec = submission.resolve(body, get_settings())
+    submission.check_rate(principal.tenant_name)
     digest = submission.request_hash(body)
     created = False
     try:
@@ -170,14 +171,14 @@ def list_steps(
     if after is not None and not after.isdigit():
         raise InvalidRequest("cursor", "not a cursor this API returned")
     with session.begin():
-        task_store.get_task(session, principal.tenant_id, task_id)
+        task = task_store.get_task(session, principal.tenant_id, task_id)
         steps = checkpoints.load_steps(session, task_id, after=int(after or 0), limit=limit + 1)
         more = len(steps) > limit
         steps = steps[:limit]
         calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
         items = [_step_out(s, [c for c in calls if c.step_number == s.number]) for s in steps]
     next_cursor = task_store.encode_cursor(str(steps[-1].number)) if more else None
-    return StepList(items=items, next_cursor=next_cursor)
+    return StepList(items=items, next_cursor=next_cursor, waiting=task.waiting)
 
 
 def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:

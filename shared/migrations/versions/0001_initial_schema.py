@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 12:43:57.358359
+Create Date: 2026-11-22 12:46:57.054503
 """
 
 from collections.abc import Sequence
@@ -62,6 +62,7 @@ def upgrade() -> None:
     sa.Column('steps', sa.Integer(), nullable=False),
     sa.Column('attempt', sa.Integer(), nullable=False),
     sa.Column('model_failures', sa.Integer(), nullable=False),
+    sa.Column('waiting', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=True),
     sa.Column('input_tokens', sa.BigInteger(), nullable=False),
     sa.Column('output_tokens', sa.BigInteger(), nullable=False),
     sa.Column('cost_usd', sa.Float(), nullable=False),

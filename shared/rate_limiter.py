@@ -1,0 +1,349 @@
+"""Fleet-wide rate limiting: token buckets in Redis, decided by one atomic Lua script.
+
+Why a token bucket and not GCRA: a model call costs a *variable* number of tokens, known only
+roughly beforehand, and is corrected after the call (refund or extra charge). A bucket holding
+a level that may go below zero expresses "charge the difference" directly; GCRA would need the
+same bookkeeping expressed as a shifted theoretical arrival time.
+
+One decision is one script call: it reads every bucket the call must pass (provider:model
+requests and tokens, tenant requests and tokens) and each bucket's fleet-wide block, and either
+takes from all of them or from none. The script reads Redis ``TIME``, the only clock, so worker
+clocks never matter. All keys share the ``{rl}`` hash tag: one slot, so the script is
+cluster-safe. It never sleeps: it answers "go" or "retry after N ms".
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Protocol, cast
+
+import redis
+
+from shared.constants import RATE_LIMIT_PREFIX
+from shared.errors import RatchetError
+
+
+class LimiterUnavailable(RatchetError):
+    """The rate limiter's store cannot be reached; the call is denied, never waved through."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """``rate`` units per ``period_s``, with bursts of up to ``capacity`` units."""
+
+    scope: str
+    rate: float
+    period_s: float = 60.0
+    capacity: float | None = None
+
+    @property
+    def burst(self) -> float:
+        return self.capacity if self.capacity is not None else self.rate
+
+    @property
+    def per_ms(self) -> float:
+        return self.rate / (self.period_s * 1000)
+
+
+@dataclass(frozen=True)
+class Take:
+    bucket: Bucket
+    cost: float = 1.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    retry_after_ms: int = 0
+    scope: str | None = None  # the bucket (or block) that said no
+
+    @property
+    def blocked(self) -> bool:
+        return self.scope is not None and self.scope.startswith("blocked:")
+
+
+class Limiter(Protocol):
+    def acquire(self, takes: Sequence[Take], *, blocks: Sequence[str] = ()) -> Decision: ...
+    def adjust(self, take: Take, delta: float) -> None: ...
+    def block(self, scope: str, seconds: float) -> None: ...
+    def snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]: ...
+    def blocked(self) -> dict[str, int]: ...
+
+
+# KEYS: the n bucket hashes, then the m block keys, then the stats hash.
+# ARGV: n, m, then per bucket: rate_per_ms, burst, cost, scope; then the m block scopes.
+ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
+local stats = KEYS[n + m + 1]
+local wait, who = 0, ''
+for j = 1, m do
+  local pttl = redis.call('PTTL', KEYS[n + j])
+  if pttl > wait then wait, who = pttl, ARGV[2 + 4 * n + j] end
+end
+if wait > 0 then
+  redis.call('HINCRBY', stats, 'denied:' .. who, 1)
+  redis.call('HINCRBY', stats, 'wait_ms:' .. who, wait)
+  return {0, wait, 'blocked:' .. who}
+end
+local levels = {}
+for i = 1, n do
+  local a = 2 + 4 * (i - 1)
+  local per_ms, burst, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local state = redis.call('HMGET', KEYS[i], 'level', 'ts')
+  local level = tonumber(state[1]) or burst
+  local ts = tonumber(state[2]) or now
+  level = math.min(burst, level + math.max(0, now - ts) * per_ms)
+  levels[i] = level
+  if level < cost then
+    local need = math.ceil((cost - level) / per_ms)
+    if need > wait then wait, who = need, ARGV[a + 4] end
+  end
+end
+if wait > 0 then
+  redis.call('HINCRBY', stats, 'denied:' .. who, 1)
+  redis.call('HINCRBY', stats, 'wait_ms:' .. who, wait)
+  return {0, wait, who}
+end
+for i = 1, n do
+  local a = 2 + 4 * (i - 1)
+  local per_ms, burst, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  redis.call('HSET', KEYS[i], 'level', tostring(levels[i] - cost), 'ts', now)
+  redis.call('PEXPIRE', KEYS[i], math.ceil(burst / per_ms) + 60000)
+  redis.call('HINCRBY', stats, 'allowed:' .. ARGV[a + 4], 1)
+end
+redis.call('PEXPIRE', stats, 600000)
+return {1, 0, ''}
+"""
+
+# Refund (delta < 0 takes back less) or charge the difference after the real usage is known.
+ADJUST = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local per_ms, burst, delta = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local state = redis.call('HMGET', KEYS[1], 'level', 'ts')
+local level = tonumber(state[1]) or burst
+local ts = tonumber(state[2]) or now
+level = math.min(burst, level + math.max(0, now - ts) * per_ms) - delta
+redis.call('HSET', KEYS[1], 'level', math.min(burst, level), 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst / per_ms) + 60000)
+return 1
+"""
+
+LEVEL = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local per_ms, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local state = redis.call('HMGET', KEYS[1], 'level', 'ts')
+local level = tonumber(state[1]) or burst
+local ts = tonumber(state[2]) or now
+return tostring(math.min(burst, level + math.max(0, now - ts) * per_ms))
+"""
+
+
+def _minute() -> int:
+    return int(time.time() // 60)
+
+
+class RedisLimiter:
+    """The production limiter: shared by every worker and API process of the fleet."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._acquire = client.register_script(ACQUIRE)
+        self._adjust = client.register_script(ADJUST)
+        self._level = client.register_script(LEVEL)
+
+    @staticmethod
+    def bucket_key(scope: str) -> str:
+        return f"{RATE_LIMIT_PREFIX}bucket:{scope}"
+
+    @staticmethod
+    def block_key(scope: str) -> str:
+        return f"{RATE_LIMIT_PREFIX}blocked:{scope}"
+
+    @staticmethod
+    def stats_key(minute: int) -> str:
+        return f"{RATE_LIMIT_PREFIX}stats:{minute}"
+
+    def acquire(self, takes: Sequence[Take], *, blocks: Sequence[str] = ()) -> Decision:
+        """Take from every bucket or from none; ``blocks`` are scopes a 429 may have paused."""
+        if not takes and not blocks:
+            return Decision(True)
+        keys = [self.bucket_key(t.bucket.scope) for t in takes]
+        keys += [self.block_key(scope) for scope in blocks]
+        keys.append(self.stats_key(_minute()))
+        args: list[Any] = [len(takes), len(blocks)]
+        for take in takes:
+            bucket = take.bucket
+            args += [bucket.per_ms, bucket.burst, min(take.cost, bucket.burst), bucket.scope]
+        args += list(blocks)
+        try:
+            allowed, wait, scope = self._acquire(keys=keys, args=args)
+        except redis.RedisError as exc:
+            raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
+        if allowed:
+            return Decision(True)
+        who = scope.decode() if isinstance(scope, bytes) else str(scope)
+        return Decision(False, retry_after_ms=int(wait), scope=who)
+
+    def adjust(self, take: Take, delta: float) -> None:
+        if delta == 0:
+            return
+        bucket = take.bucket
+        try:
+            self._adjust(
+                keys=[self.bucket_key(bucket.scope)], args=[bucket.per_ms, bucket.burst, delta]
+            )
+        except redis.RedisError as exc:
+            raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
+
+    def block(self, scope: str, seconds: float) -> None:
+        """Stop every worker from calling ``scope`` for ``seconds`` (a provider's Retry-After)."""
+        ms = max(1, math.ceil(seconds * 1000))
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(self.block_key(scope), "1", px=ms)
+        pipe.hincrby(self.stats_key(_minute()), f"provider_429:{scope}", 1)
+        pipe.expire(self.stats_key(_minute()), 600)
+        pipe.execute()
+
+    def snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]:
+        try:
+            return self._snapshot(buckets)
+        except redis.RedisError as exc:
+            raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
+
+    def _snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]:
+        minutes = [_minute() - i for i in range(5)]
+        stats = [cast(dict[Any, Any], self.client.hgetall(self.stats_key(m))) for m in minutes]
+        out = []
+        for bucket in buckets:
+            args = [bucket.per_ms, bucket.burst]
+            level = float(self._level(keys=[self.bucket_key(bucket.scope)], args=args))
+            out.append(_describe(bucket, level, stats))
+        return out
+
+    def blocked(self) -> dict[str, int]:
+        """Scopes paused by a provider's 429, with the milliseconds left."""
+        try:
+            return self._blocked()
+        except redis.RedisError as exc:
+            raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
+
+    def _blocked(self) -> dict[str, int]:
+        prefix = self.block_key("")
+        out = {}
+        for key in self.client.scan_iter(match=prefix + "*", count=500):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            ttl = int(cast(int, self.client.pttl(name)))
+            if ttl > 0:
+                out[name[len(prefix) :]] = ttl
+        return out
+
+
+def _describe(bucket: Bucket, level: float, stats: list[dict[Any, Any]]) -> dict[str, Any]:
+    def total(name: str) -> int:
+        key = f"{name}:{bucket.scope}"
+        return sum(int(s.get(key, s.get(key.encode(), 0))) for s in stats)
+
+    return {
+        "scope": bucket.scope,
+        "rate": bucket.rate,
+        "period_s": bucket.period_s,
+        "capacity": bucket.burst,
+        "level": round(level, 3),
+        "last_5_minutes": {
+            "allowed": total("allowed"),
+            "denied": total("denied"),
+            "wait_ms": total("wait_ms"),
+            "provider_429s": total("provider_429"),
+        },
+    }
+
+
+class LocalLimiter:
+    """The same buckets in process memory, for the embedded default (one process, one clock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._levels: dict[str, tuple[float, float]] = {}
+        self._blocked: dict[str, float] = {}
+        self._stats: dict[str, int] = {}
+
+    def _level(self, bucket: Bucket, now: float) -> float:
+        level, ts = self._levels.get(bucket.scope, (bucket.burst, now))
+        return min(bucket.burst, level + max(0.0, now - ts) * bucket.per_ms)
+
+    def _count(self, name: str, scope: str, value: int = 1) -> None:
+        key = f"{name}:{scope}"
+        self._stats[key] = self._stats.get(key, 0) + value
+
+    def acquire(self, takes: Sequence[Take], *, blocks: Sequence[str] = ()) -> Decision:
+        now = time.monotonic() * 1000
+        with self._lock:
+            for scope in blocks:
+                until = self._blocked.get(scope, 0.0)
+                if until > now:
+                    self._count("denied", scope)
+                    return Decision(False, math.ceil(until - now), f"blocked:{scope}")
+            levels = [self._level(t.bucket, now) for t in takes]
+            waits = [
+                (math.ceil((min(t.cost, t.bucket.burst) - level) / t.bucket.per_ms), t.bucket.scope)
+                for t, level in zip(takes, levels, strict=True)
+                if level < min(t.cost, t.bucket.burst)
+            ]
+            if waits:
+                wait, scope = max(waits)
+                self._count("denied", scope)
+                self._count("wait_ms", scope, wait)
+                return Decision(False, wait, scope)
+            for take, level in zip(takes, levels, strict=True):
+                self._levels[take.bucket.scope] = (level - min(take.cost, take.bucket.burst), now)
+                self._count("allowed", take.bucket.scope)
+        return Decision(True)
+
+    def adjust(self, take: Take, delta: float) -> None:
+        now = time.monotonic() * 1000
+        with self._lock:
+            level = self._level(take.bucket, now) - delta
+            self._levels[take.bucket.scope] = (min(take.bucket.burst, level), now)
+
+    def block(self, scope: str, seconds: float) -> None:
+        with self._lock:
+            self._blocked[scope] = time.monotonic() * 1000 + seconds * 1000
+            self._count("provider_429", scope)
+
+    def snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]:
+        now = time.monotonic() * 1000
+        with self._lock:
+            stats = [dict(self._stats)]
+            return [_describe(b, self._level(b, now), stats) for b in buckets]
+
+    def blocked(self) -> dict[str, int]:
+        now = time.monotonic() * 1000
+        with self._lock:
+            return {s: math.ceil(u - now) for s, u in self._blocked.items() if u > now}
+
+
+@lru_cache
+def _redis_limiter(url: str) -> RedisLimiter:
+    return RedisLimiter(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2))
+
+
+_local = LocalLimiter()
+
+
+def get_limiter() -> Limiter:
+    """Redis in production; process memory in the embedded default."""
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    if settings.embedded:
+        return _local
+    return _redis_limiter(settings.redis_url)

@@ -1,0 +1,237 @@
+"""The fleet-wide limiter against the real Redis: exact under contention, atomic across buckets,
+closed when Redis is away, and wired into the step runner and the submit endpoint."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from shared.rate_limiter import Bucket, LimiterUnavailable, LocalLimiter, RedisLimiter, Take
+from tests.conftest import REDIS_URL, TenantHandle
+from tests.helpers import scripted_task
+
+
+def redis_time_ms(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros / 1000
+
+
+def _hammer(scope: str, start_ms: float, until_ms: float, threads: int, results: Any) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    limiter = RedisLimiter(client)
+    bucket = Bucket(scope, rate=100, period_s=10)
+    admitted = [0] * threads
+
+    def run(index: int) -> None:
+        while redis_time_ms(client) < start_ms:  # every process starts together
+            time.sleep(0.005)
+        while redis_time_ms(client) < until_ms:
+            decision = limiter.acquire([Take(bucket)])
+            if decision.allowed:
+                admitted[index] += 1
+            else:
+                time.sleep(min(decision.retry_after_ms, 5) / 1000)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    results.put(sum(admitted))
+
+
+def test_exact_under_contention_across_processes() -> None:
+    """4 processes x 16 threads on one bucket of 100 per 10 s, for 30 s."""
+    client = redis.Redis.from_url(REDIS_URL)
+    scope = f"test:{uuid.uuid4().hex}"
+    start = redis_time_ms(client) + 5_000  # time for the processes to boot
+    until = start + 30_000
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    procs = [
+        context.Process(target=_hammer, args=(scope, start, until, 16, results)) for _ in range(4)
+    ]
+    for proc in procs:
+        proc.start()
+    admitted = sum(results.get(timeout=90) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=30)
+    ceiling = 100 + 100 * 30_000 / 10_000  # burst + refill over the 30 s window
+    assert admitted <= ceiling
+    assert admitted >= 0.95 * ceiling
+
+
+@pytest.fixture
+def limiter() -> RedisLimiter:
+    return RedisLimiter(redis.Redis.from_url(REDIS_URL))
+
+
+def level(limiter: RedisLimiter, bucket: Bucket) -> float:
+    return float(limiter.snapshot([bucket])[0]["level"])
+
+
+@pytest.mark.parametrize("empty", ["tenant", "model"])
+def test_a_refusing_bucket_leaves_the_others_untouched(limiter: RedisLimiter, empty: str) -> None:
+    scope = uuid.uuid4().hex
+    tenant = Bucket(f"tenant:{scope}", rate=1, period_s=3600)
+    model = Bucket(f"model:{scope}", rate=5, period_s=3600)
+    drained, other = (tenant, model) if empty == "tenant" else (model, tenant)
+    assert limiter.acquire([Take(drained, drained.burst)]).allowed
+    before = level(limiter, other)
+
+    decision = limiter.acquire([Take(tenant), Take(model)])
+    assert not decision.allowed
+    assert decision.scope == drained.scope
+    assert decision.retry_after_ms > 0
+    assert level(limiter, other) == pytest.approx(before, abs=0.01)
+
+
+def test_redis_outage_denies_with_a_clear_error() -> None:
+    dead = RedisLimiter(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5))
+    with pytest.raises(LimiterUnavailable, match="rate limiter unavailable"):
+        dead.acquire([Take(Bucket("x", rate=1))])
+
+
+def test_corrections_and_blocks(limiter: RedisLimiter) -> None:
+    bucket = Bucket(f"tokens:{uuid.uuid4().hex}", rate=10_000, period_s=36_000)
+    take = Take(bucket, 1000)
+    assert limiter.acquire([take]).allowed
+    limiter.adjust(take, 150 - 1000)  # the call used 150, not the 1000 estimated
+    assert level(limiter, bucket) == pytest.approx(10_000 - 150, abs=5)
+
+    scope = f"openai:{uuid.uuid4().hex}"
+    limiter.block(scope, 0.5)
+    decision = limiter.acquire([], blocks=[scope])
+    assert not decision.allowed
+    assert decision.blocked
+    assert 0 < decision.retry_after_ms <= 500
+    assert scope in limiter.blocked()
+    time.sleep(0.55)
+    assert limiter.acquire([], blocks=[scope]).allowed
+
+
+def test_local_limiter_has_the_same_semantics() -> None:
+    local = LocalLimiter()
+    a, b = Bucket("a", rate=1, period_s=3600), Bucket("b", rate=3, period_s=3600)
+    assert local.acquire([Take(a), Take(b)]).allowed
+    refused = local.acquire([Take(a), Take(b)])
+    assert (refused.allowed, refused.scope) == (False, "a")
+    assert local.snapshot([b])[0]["level"] == pytest.approx(2, abs=0.01)
+    local.block("m", 10)
+    assert local.acquire([], blocks=["m"]).blocked
+
+
+@pytest.fixture
+def rate_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    from shared.limits import _load
+    from shared.settings import get_settings
+
+    def configure(json_limits: str) -> None:
+        monkeypatch.setenv("RATCHET_RATE_LIMITS", json_limits)
+        get_settings.cache_clear()
+        _load.cache_clear()
+
+    yield configure
+    monkeypatch.delenv("RATCHET_RATE_LIMITS", raising=False)
+    get_settings.cache_clear()
+    _load.cache_clear()
+
+
+def test_submission_limit_is_a_429_with_retry_after(
+    client: TestClient, make_tenant: Callable[..., TenantHandle], rate_limits: Callable[[str], None]
+) -> None:
+    tenant = make_tenant()
+    rate_limits(f'{{"tenants": {{"{tenant.name}": {{"submissions": 2, "per_seconds": 3600}}}}}}')
+    body = scripted_task([{"content": "hi"}])
+    assert [
+        client.post("/v1/tasks", json=body, headers=tenant.headers).status_code for _ in range(2)
+    ] == [202, 202]
+    refused = client.post("/v1/tasks", json=body, headers=tenant.headers)
+    assert refused.status_code == 429
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert int(refused.headers["retry-after"]) >= 1
+    listed = client.get("/v1/tasks", headers=tenant.headers).json()["items"]
+    assert len(listed) == 2
+
+
+def test_a_long_wait_releases_the_worker_and_the_timeline_says_why(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    rate_limits: Callable[[str], None],
+) -> None:
+    from workers import step_runner
+
+    model = f"scripted:{uuid.uuid4().hex[:8]}"
+    rate_limits(f'{{"models": {{"{model}": {{"requests": 1, "per_seconds": 2}}}}}}')
+    first = client.post(
+        "/v1/tasks", json=scripted_task([{"content": "a"}], model=model), headers=tenant.headers
+    )
+    second = client.post(
+        "/v1/tasks", json=scripted_task([{"content": "b"}], model=model), headers=tenant.headers
+    )
+    assert drive(first.json()["id"]) == "succeeded"
+
+    started = time.monotonic()
+    step_runner.advance(second.json()["id"], 1)  # the bucket is empty: defer, do not sleep
+    assert time.monotonic() - started < 1.0
+    timeline = client.get(f"/v1/tasks/{second.json()['id']}/steps", headers=tenant.headers).json()
+    assert timeline["items"] == []
+    assert timeline["waiting"]["reason"] == "rate_limited"
+    assert timeline["waiting"]["scope"] == f"model:{model}:requests"
+    task = client.get(f"/v1/tasks/{second.json()['id']}", headers=tenant.headers).json()
+    assert task["status"] == "running"
+
+    time.sleep(timeline["waiting"]["retry_in_ms"] / 1000)
+    assert drive(second.json()["id"]) == "succeeded"
+
+
+def test_limiter_outage_never_lets_a_call_through(
+    client: TestClient,
+    tenant: TenantHandle,
+    rate_limits: Callable[[str], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from workers import step_runner
+
+    model = f"scripted:{uuid.uuid4().hex[:8]}"
+    rate_limits(f'{{"models": {{"{model}": {{"requests": 100}}}}}}')
+    task_id = client.post(
+        "/v1/tasks", json=scripted_task([{"content": "a"}], model=model), headers=tenant.headers
+    ).json()["id"]
+    monkeypatch.setenv("RATCHET_REDIS_URL", "redis://127.0.0.1:1/0")
+    from shared.settings import get_settings
+
+    get_settings.cache_clear()
+    step_runner.advance(task_id, 1)
+    timeline = client.get(f"/v1/tasks/{task_id}/steps", headers=tenant.headers).json()
+    assert timeline["items"] == []
+    assert timeline["waiting"]["reason"] == "limiter_unavailable"
+
+
+def test_admin_view_of_the_buckets(
+    client: TestClient, make_tenant: Callable[..., TenantHandle], rate_limits: Callable[[str], None]
+) -> None:
+    model = f"scripted:{uuid.uuid4().hex[:8]}"
+    rate_limits(f'{{"models": {{"{model}": {{"requests": 10, "tokens": 1000}}}}}}')
+    admin = make_tenant(("admin",))
+    plain = make_tenant()
+    assert client.get("/v1/admin/ratelimits", headers=plain.headers).status_code == 403
+    view = client.get("/v1/admin/ratelimits", headers=admin.headers).json()
+    scopes = {b["scope"]: b for b in view["buckets"]}
+    assert scopes[f"model:{model}:requests"]["capacity"] == 10
+    assert scopes[f"model:{model}:tokens"]["level"] == pytest.approx(1000)
+    assert set(scopes[f"model:{model}:requests"]["last_5_minutes"]) == {
+        "allowed",
+        "denied",
+        "wait_ms",
+        "provider_429s",
+    }

@@ -1,0 +1,165 @@
+"""One step's model call: inside the fleet's rate limits, with retries, feeding back 429s.
+
+For each attempt: wait for every bucket the call must pass (briefly in the worker, otherwise
+through the queue), call the provider, then correct the token buckets with the real usage.
+A provider 429 pauses that model for the whole fleet for its Retry-After. Transient errors
+retry with exponential backoff and full jitter; a backoff too long to sleep through, like a
+long rate-limit wait, becomes :class:`Deferred` so the step goes back on the queue and holds
+no worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from typing import Any
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
+
+from shared import limits
+from shared.errors import ModelError, ModelRateLimited, ModelTransientError
+from shared.rate_limiter import LimiterUnavailable, Take, get_limiter
+from shared.settings import get_settings
+from workers.models import ModelRequest, ModelResponse, Provider
+from workers.models.base import estimate_tokens
+
+log = logging.getLogger("ratchet.model")
+MAX_BACKOFF_SECONDS = 600.0
+DEFAULT_OUTPUT_ESTIMATE = 512
+LIMITER_DOWN_RETRY_SECONDS = 2.0
+
+
+class Deferred(Exception):
+    """Come back for this step later, through the queue: the wait is too long to hold a worker."""
+
+    def __init__(
+        self, delay_s: float, *, reason: dict[str, Any], failures: int | None = None
+    ) -> None:
+        super().__init__(f"retry in {delay_s:.1f} s: {reason}")
+        self.delay_s = delay_s
+        self.reason = reason
+        self.failures = failures
+
+
+class RetryPolicy:
+    """Exponential backoff with full jitter, honouring Retry-After, counted across messages.
+
+    ``prior`` is how many calls of this step already failed (persisted on the task), so a
+    step that is re-queued for a long backoff keeps its place in the schedule.
+    """
+
+    def __init__(self, prior: int) -> None:
+        settings = get_settings()
+        self.prior = prior
+        self.base = settings.model_retry_base_seconds
+        self.max_attempts = settings.model_max_attempts
+        self.inline_max = settings.model_retry_inline_max_seconds
+        self.failures = prior
+
+    def wait(self, state: RetryCallState) -> float:
+        self.failures = self.prior + state.attempt_number
+        exc = state.outcome.exception() if state.outcome else None
+        jitter = random.uniform(0, min(MAX_BACKOFF_SECONDS, self.base * 2 ** (self.failures - 1)))
+        return max(jitter, getattr(exc, "retry_after", None) or 0.0)
+
+    def stop(self, state: RetryCallState) -> bool:
+        return self.prior + state.attempt_number >= self.max_attempts
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > self.inline_max:
+            raise Deferred(seconds, reason={"reason": "retry_backoff"}, failures=self.failures)
+        time.sleep(seconds)
+
+
+def estimate_request_tokens(request: ModelRequest) -> int:
+    """Prompt tokens (about four characters each) plus the most the answer may use."""
+    prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in request.messages)
+    prompt += sum(estimate_tokens(json.dumps(t.parameters)) for t in request.tools)
+    output = request.options.get("max_tokens") or request.options.get("max_completion_tokens")
+    return prompt + int(output or DEFAULT_OUTPUT_ESTIMATE)
+
+
+def complete(
+    provider: Provider, request: ModelRequest, *, model: str, tenant: str, prior_failures: int
+) -> ModelResponse:
+    """The model's answer; raises ModelError (give up) or Deferred (come back later)."""
+    policy = RetryPolicy(prior=prior_failures)
+    retrying = Retrying(
+        retry=retry_if_exception_type(ModelTransientError),
+        wait=policy.wait,
+        stop=policy.stop,
+        sleep=policy.sleep,
+        reraise=True,
+    )
+    try:
+        response = retrying(limited_call, provider, request, model=model, tenant=tenant)
+    except ModelError as exc:
+        exc.args = (
+            f"{exc} (after {policy.prior + retrying.statistics.get('attempt_number', 1)} attempts)",
+        )
+        raise
+    return response
+
+
+def limited_call(
+    provider: Provider, request: ModelRequest, *, model: str, tenant: str
+) -> ModelResponse:
+    """One provider call inside every bucket that applies; the buckets see the real usage."""
+    takes = limits.call_takes(model, tenant, estimate_request_tokens(request))
+    wait_for_capacity(takes, model)
+    try:
+        response = provider.complete(request)
+    except ModelRateLimited as exc:
+        pause = exc.retry_after or get_settings().provider_block_default_seconds
+        _safely(lambda: get_limiter().block(model, pause))
+        _refund(takes)
+        log.warning("%s answered 429: pausing it fleet-wide for %.1f s", model, pause)
+        raise
+    except ModelError:
+        _refund(takes)
+        raise
+    used = response.input_tokens + response.output_tokens
+    for take in takes:
+        if take.bucket.scope.endswith(":tokens"):
+            _safely(lambda take=take: get_limiter().adjust(take, used - take.cost))
+    return response
+
+
+def wait_for_capacity(takes: list[Take], model: str) -> None:
+    """Return once every bucket has granted; a short wait sleeps here, a long one defers."""
+    inline_ms = get_settings().rate_limit_inline_wait_ms
+    limiter = get_limiter()
+    while True:
+        try:
+            decision = limiter.acquire(takes, blocks=[model])
+        except LimiterUnavailable as exc:
+            # Never call the provider unguarded: wait for the limiter to come back.
+            raise Deferred(
+                LIMITER_DOWN_RETRY_SECONDS,
+                reason={"reason": "limiter_unavailable", "detail": str(exc)},
+            ) from exc
+        if decision.allowed:
+            return
+        if decision.retry_after_ms > inline_ms:
+            reason = {
+                "reason": "rate_limited",
+                "scope": decision.scope,
+                "wait_ms": decision.retry_after_ms,
+            }
+            raise Deferred(decision.retry_after_ms / 1000, reason=reason)
+        time.sleep(decision.retry_after_ms / 1000)
+
+
+def _refund(takes: list[Take]) -> None:
+    for take in takes:
+        if take.bucket.scope.endswith(":tokens"):
+            _safely(lambda take=take: get_limiter().adjust(take, -take.cost))
+
+
+def _safely(action: Any) -> None:
+    try:
+        action()
+    except LimiterUnavailable:
+        log.warning("rate limiter unavailable; bucket correction skipped")
