@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from api import problems
 from api.body_limit import BodyLimitMiddleware
 from api.routes import admin, agents, health, tasks
+from api.schemas import TaskCreate
 from shared.db import require_migrated
 from shared.registry import get_registry
 from shared.settings import get_settings
@@ -22,6 +25,20 @@ async def lifespan(_: FastAPI) -> AsyncIterator[None]:
     yield
 
 
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the submit body, which the route parses itself (after auth)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        body = TaskCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(body.pop("$defs", {}))
+        components["TaskCreate"] = body
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
 def create_app() -> FastAPI:
     app = FastAPI(
         title="Ratchet",
@@ -29,6 +46,7 @@ def create_app() -> FastAPI:
         summary="Durable LLM agent tasks: submit, run step by step, get the result.",
         lifespan=lifespan,
     )
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     problems.install(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_request_bytes)
     app.include_router(health.router)

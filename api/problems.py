@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -57,25 +58,66 @@ def problem(
     return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
-def _pointer(loc: tuple[Any, ...]) -> tuple[str, str]:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+def field_name(parts: list[str | int]) -> tuple[str, str]:
+    """``["tools", 0]`` → ``("tools[0]", "#/tools/0")``: a readable name and a JSON pointer."""
     field = ""
     for part in parts:
-        field += f"[{part}]" if part.isdigit() else (f".{part}" if field else part)
-    return field or "(body)", "#/" + "/".join(parts)
+        if isinstance(part, int):
+            field += f"[{part}]"
+        else:
+            field += f".{part}" if field else part
+    pointer = "#/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+    return field or "(body)", pointer
 
 
-def validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, str]]:
+def parse_field(field: str) -> list[str | int]:
+    """``tools[0].name`` → ``["tools", 0, "name"]``, the inverse of :func:`field_name`."""
+    parts: list[str | int] = []
+    for token in re.findall(r"[^.\[\]]+|\[\d+\]", field):
+        parts.append(int(token[1:-1]) if token.startswith("[") else token)
+    return parts
+
+
+def _document_path(error: dict[str, Any], document: Any) -> list[str | int]:
+    """The error's location within the submitted document.
+
+    Pydantic's ``loc`` also names union members (``constrained-str``, ``list[Message]``) and
+    the source (``body``); only keys and indexes that exist in the document are kept, plus the
+    name of a missing field.
+    """
+    loc = list(error.get("loc", ()))
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        source, loc = loc[0], loc[1:]
+        if source != "body":
+            return [str(p) for p in loc]
+    if error.get("type") == "json_invalid":
+        return []
+    path: list[str | int] = []
+    current = document
+    missing = error.get("type") == "missing"
+    for index, part in enumerate(loc):
+        exists = (isinstance(current, dict) and isinstance(part, str) and part in current) or (
+            isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current)
+        )
+        if exists:
+            current = current[part]
+        elif not (missing and isinstance(current, dict) and index == len(loc) - 1):
+            continue
+        path.append(part)
+    return path
+
+
+def validation_errors(errors: list[dict[str, Any]], document: Any = None) -> list[dict[str, str]]:
     out = []
     for error in errors:
-        field, pointer = _pointer(tuple(error.get("loc", ())))
+        field, pointer = field_name(_document_path(error, document))
         out.append({"field": field, "pointer": pointer, "detail": error.get("msg", "invalid")})
     return out
 
 
 async def _validation(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = validation_errors(list(exc.errors()))
+    errors = validation_errors(list(exc.errors()), exc.body)
     detail = "; ".join(f"{e['field']}: {e['detail']}" for e in errors)
     return problem(422, detail, slug="validation-error", errors=errors)
 
@@ -91,7 +133,7 @@ async def _domain(_: Request, exc: Exception) -> JSONResponse:
         errors = [
             {
                 "field": exc.field,
-                "pointer": "#/" + exc.field.replace(".", "/"),
+                "pointer": field_name(parse_field(exc.field))[1],
                 "detail": exc.reason,
             }
         ]

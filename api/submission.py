@@ -9,6 +9,7 @@ import math
 from fastapi import HTTPException
 from pydantic import ValidationError
 
+from api.problems import field_name
 from api.schemas import TaskCreate
 from shared import limits
 from shared.egress import check_url
@@ -98,5 +99,5 @@ def _check_script(body: TaskCreate) -> None:
         Script.model_validate(body.model_options)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"model_options.{where}", first["msg"]) from exc
+        where, _ = field_name(["model_options", *first["loc"]])
+        raise InvalidRequest(where, first["msg"]) from exc

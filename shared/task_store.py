@@ -110,10 +110,15 @@ def encode_cursor(value: str) -> str:
 
 
 def decode_cursor(cursor: str) -> str:
+    """Strictly: anything this API did not hand out is a ValueError."""
     try:
-        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        raw = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True)
+        value = raw.decode()
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError("malformed cursor") from exc
+    if not value:
+        raise ValueError("malformed cursor")
+    return value
 
 
 def list_tasks(
@@ -161,10 +166,6 @@ def take_lease(
         return LeaseRefused(f"status is {task.status}")
     if step is not None and task.steps + 1 != step:
         return LeaseRefused(f"stale message for step {step}; task is at step {task.steps + 1}")
-    clock = session.scalar(select(now_ms()))
-    assert clock is not None
-    if task.lease_expires_ms is not None and task.lease_expires_ms > clock:
-        return LeaseRefused("held by another worker", retry_in_ms=task.lease_expires_ms - clock)
     if task.attempt >= max_attempts:
         _fail_poisoned(session, task, max_attempts)
         return LeaseRefused("poisoned: failed with worker_lost")
@@ -173,6 +174,7 @@ def take_lease(
         update(Task)
         .where(Task.id == task_id, Task.lease_epoch == task.lease_epoch)
         .where(Task.status.in_(TaskStatus.RUNNABLE))
+        .where(Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms <= now_ms()))
         .values(
             lease_epoch=Task.lease_epoch + 1,
             lease_owner=owner,
@@ -186,11 +188,18 @@ def take_lease(
         .execution_options(synchronize_session=False)
     ).first()
     if row is None:
-        return LeaseRefused("lost the race for the lease", retry_in_ms=ttl_ms)
+        return _why_held(session, task_id, ttl_ms)
     if was_queued:
         session.refresh(task)
         append_event(session, task_id, "task.started", task_document(task))
     return Lease(task_id, row.lease_epoch, owner, task.steps + 1, row.attempt, ttl_ms)
+
+
+def _why_held(session: Session, task_id: str, ttl_ms: int) -> LeaseRefused:
+    row = session.execute(select(Task.lease_expires_ms, now_ms()).where(Task.id == task_id)).first()
+    if row is None or row[0] is None:
+        return LeaseRefused("lost the race for the lease", retry_in_ms=ttl_ms)
+    return LeaseRefused("held by another worker", retry_in_ms=max(1, int(row[0] - row[1])))
 
 
 def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> None:

@@ -157,14 +157,23 @@ def run_step(lease: Lease) -> bool:
         response = answer.response
     else:
         response = ModelResponse.from_dict(ctx.step_row.response)
+    completed = False
     for position, call in enumerate(response.tool_calls):
-        run_tool_call(ctx, position, call)
-    with fenced(lease) as session:
-        checkpoints.complete_step(session, lease)
-        task_store.commit_progress(session, lease)
-        append_event(session, lease.task_id, "step.completed", {"step": lease.step})
+        completed = run_tool_call(
+            ctx, position, call, last=position == len(response.tool_calls) - 1
+        )
+    if not completed:  # resumed after the last call's outcome was already committed
+        with fenced(lease) as session:
+            complete_step(session, lease)
     failpoints.hit("after_step_commit")
     return False
+
+
+def complete_step(session: Session, lease: Lease) -> None:
+    """The step is done: mark it, move the task's progress on, free the lease."""
+    checkpoints.complete_step(session, lease)
+    task_store.commit_progress(session, lease)
+    append_event(session, lease.task_id, "step.completed", {"step": lease.step})
 
 
 def load_context(lease: Lease) -> Context:
@@ -368,13 +377,17 @@ def budget_exceeded(task: Task, tokens: int, cost: float) -> str | None:
     return None
 
 
-def run_tool_call(ctx: Context, position: int, call: ToolCallRequest) -> None:
-    """Run one call through the ledger: replay a finished call, decide about a started one."""
+def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: bool) -> bool:
+    """Run one call through the ledger: replay a finished call, decide about a started one.
+
+    The last call's outcome commits together with the step's completion (one commit fewer);
+    returns whether that happened.
+    """
     lease = ctx.lease
     call_id = f"{lease.step}-{position}"
     row = ctx.calls.get(call_id)
     if row is not None and row.status != ledger.STARTED:
-        return
+        return False
     tool = ctx.tools.get(call.name)
     if row is None:
         with fenced(lease) as session:
@@ -389,7 +402,7 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest) -> None:
             )
     elif tool is not None and not tool.idempotent:
         resolve_unknown_outcome(ctx, tool, call_id)
-        return
+        return False
     else:
         with fenced(lease) as session:
             ledger.restart_call(session, lease, call_id)
@@ -398,6 +411,9 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest) -> None:
     failpoints.hit("after_tool")
     with fenced(lease) as session:
         record_outcome(session, lease, call_id=call_id, name=call.name, outcome=outcome)
+        if last:
+            complete_step(session, lease)
+    return last
 
 
 def invoke(

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import Reader
 from api.schemas import AgentList, AgentOut, ToolOut
+from shared.errors import InvalidRequest
 from shared.registry import get_registry
 from shared.task_store import decode_cursor, encode_cursor
 
@@ -21,7 +22,10 @@ def list_agents(
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> AgentList:
     registry = get_registry()
-    after = decode_cursor(cursor) if cursor else ""
+    try:
+        after = decode_cursor(cursor) if cursor else ""
+    except ValueError:
+        raise InvalidRequest("cursor", "not a cursor this API returned") from None
     names = sorted(n for n in registry.agents if n > after)
     page, more = names[:limit], len(names) > limit
     items = []

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from typing import Annotated
+import uuid
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from api import submission
@@ -41,9 +45,37 @@ def _replay(existing: Task, digest: str) -> Task:
     return existing
 
 
-@router.post("", status_code=202, response_model=TaskView)
+async def submitted_task(request: Request, _: Writer) -> TaskCreate:
+    """The request body as a TaskCreate, parsed only once the caller may submit."""
+    raw = await request.body()
+    document: Any = None
+    try:
+        document = json.loads(raw) if raw else None
+        return TaskCreate.model_validate_json(raw or b"null")
+    except ValueError as exc:
+        errors: list[Any] = []
+        if isinstance(exc, ValidationError):
+            errors = list(exc.errors(include_url=False))
+        if document is None and raw:
+            errors = [{"type": "json_invalid", "loc": (), "msg": "the body is not valid JSON"}]
+        elif document is None:
+            errors = [{"type": "missing", "loc": (), "msg": "a JSON request body is required"}]
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in errors], body=document
+        ) from None
+
+
+TASK_CREATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TaskCreate"}}},
+    }
+}
+
+
+@router.post("", status_code=202, response_model=TaskView, openapi_extra=TASK_CREATE_BODY)
 def submit_task(
-    body: TaskCreate,
+    body: Annotated[TaskCreate, Depends(submitted_task)],
     principal: Writer,
     session: SessionDep,
     response: Response,
@@ -123,7 +155,7 @@ def list_tasks(
 ) -> TaskList:
     if status is not None and status not in TaskStatus.ALL:
         raise InvalidRequest("status", f"must be one of {', '.join(TaskStatus.ALL)}")
-    after = _decode(cursor)
+    after = _decode_task_cursor(cursor)
     with session.begin():
         rows, last = task_store.list_tasks(
             session, principal.tenant_id, status=status, agent=agent, limit=limit, after_id=after
@@ -139,6 +171,16 @@ def _decode(cursor: str | None) -> str | None:
         return task_store.decode_cursor(cursor)
     except ValueError:
         raise InvalidRequest("cursor", "not a cursor this API returned") from None
+
+
+def _decode_task_cursor(cursor: str | None) -> str | None:
+    after = _decode(cursor)
+    if after is not None:
+        try:
+            uuid.UUID(after)
+        except ValueError:
+            raise InvalidRequest("cursor", "not a cursor this API returned") from None
+    return after
 
 
 @router.post("/{task_id}/cancel", status_code=202, response_model=TaskView)
