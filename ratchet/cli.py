@@ -21,6 +21,15 @@ app.add_typer(tenants, name="tenants")
 app.add_typer(keys, name="keys")
 
 
+def _bench() -> typer.Typer:
+    from ratchet.bench import app as bench_app
+
+    return bench_app
+
+
+app.add_typer(_bench(), name="bench")
+
+
 def _err(message: str) -> None:
     typer.echo(message, err=True)
 

@@ -1,0 +1,373 @@
+"""``ratchet bench``: measurements reported as ratios to a baseline taken in the same run.
+
+- ``checkpoint``: the per-step cost of the checkpoint path (lease, model-response commit, tool
+  ledger, step commit) with the scripted model at 0 ms, against a bare single-row
+  INSERT + COMMIT on the same Postgres; commits per step; bytes written per step by step number.
+- ``limiter``: rate-limiter decisions per second and latency at 1, 16 and 64 concurrent clients
+  across processes, against a bare Redis INCR with the same client; and the admitted count of
+  a saturated bucket against its configured rate.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import typer
+
+app = typer.Typer(
+    no_args_is_help=True, help="Benchmarks (figures are ratios to a same-run baseline)."
+)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "mean": statistics.fmean(values) if values else float("nan"),
+    }
+
+
+def emit(name: str, result: dict[str, Any]) -> None:
+    os.makedirs("bench-results", exist_ok=True)
+    path = os.path.join("bench-results", f"{name}.json")
+    with open(path, "w") as handle:
+        json.dump(result, handle, indent=2)
+    typer.echo(json.dumps(result, indent=2))
+    typer.echo(f"(written to {path})", err=True)
+
+
+# --- checkpoint --------------------------------------------------------------------------
+
+
+@dataclass
+class WriteMeter:
+    """Counts write transactions and the bytes of written parameters, per label."""
+
+    label: str = ""
+    commits: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    _dirty: set[int] = field(default_factory=set)
+
+    def install(self, engine: Any) -> None:
+        from sqlalchemy import event
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def _execute(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+            verb = statement.lstrip().split(" ", 1)[0].upper()
+            if verb in ("INSERT", "UPDATE", "DELETE"):
+                self._dirty.add(id(conn))
+                self.bytes[self.label] += len(json.dumps(params, default=str))
+
+        @event.listens_for(engine, "commit")
+        def _commit(conn: Any) -> None:
+            if id(conn) in self._dirty:
+                self._dirty.discard(id(conn))
+                self.commits[self.label] += 1
+
+        @event.listens_for(engine, "rollback")
+        def _rollback(conn: Any) -> None:
+            self._dirty.discard(id(conn))
+
+    @contextmanager
+    def labelled(self, label: str) -> Iterator[None]:
+        self.label = label
+        try:
+            yield
+        finally:
+            self.label = ""
+
+
+def _bench_tenant() -> str:
+    from shared.db import transaction
+    from shared.tenants import create_tenant
+
+    with transaction() as session:
+        return create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}").id
+
+
+def _new_task(tenant_id: str, script: list[dict[str, Any]]) -> str:
+    from shared.db import transaction
+    from shared.task_store import NewTask, create_task
+
+    spec = NewTask(
+        agent="default",
+        model="scripted",
+        input="benchmark",
+        instructions=None,
+        tools=["calculator"],
+        model_options={"script": script},
+        max_steps=len(script) + 1,
+        budget=None,
+        webhook=None,
+        metadata={},
+    )
+    with transaction() as session:
+        return create_task(session, tenant_id, spec).id
+
+
+def _baseline(samples: int) -> list[float]:
+    from sqlalchemy import text
+
+    from shared.db import get_engine, transaction
+
+    with get_engine().begin() as conn:
+        conn.execute(
+            text("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, v text)")
+        )
+    timings = []
+    for i in range(samples):
+        started = time.perf_counter()
+        with transaction() as session:
+            session.execute(text("INSERT INTO bench_baseline (v) VALUES (:v)"), {"v": f"row {i}"})
+        timings.append((time.perf_counter() - started) * 1000)
+    with get_engine().begin() as conn:
+        conn.execute(text("DROP TABLE bench_baseline"))
+    return timings
+
+
+def _cleanup(tenant_id: str) -> None:
+    from shared.db import transaction
+    from shared.models import Tenant
+
+    with transaction() as session:
+        tenant = session.get(Tenant, tenant_id)
+        if tenant is not None:
+            session.delete(tenant)
+
+
+def _time_steps(task_id: str, steps: int, meter: WriteMeter, out: dict[int, list[float]]) -> None:
+    from workers.step_runner import advance
+
+    for number in range(1, steps + 1):
+        with meter.labelled(f"step{number}"):
+            started = time.perf_counter()
+            advance(task_id, number)
+            out[number].append((time.perf_counter() - started) * 1000)
+
+
+@app.command()
+def checkpoint(
+    tasks: int = typer.Option(20, help="tasks per scenario"),
+    steps: int = typer.Option(50, help="steps per task in the chain scenario"),
+    baseline_samples: int = typer.Option(500, help="bare INSERT + COMMIT samples"),
+) -> None:
+    """Per-step checkpoint overhead vs a bare INSERT + COMMIT on the same Postgres."""
+    os.environ["RATCHET_BROKER_URL"] = "memory://localhost/"  # enqueues cost nothing here
+    from shared.db import get_engine, require_migrated
+    from shared.queue import get_celery
+    from shared.settings import get_settings
+
+    get_settings.cache_clear()
+    get_celery.cache_clear()
+    engine = get_engine()
+    if engine.dialect.name != "postgresql":
+        raise typer.BadParameter("set RATCHET_DATABASE_URL to a PostgreSQL database")
+    require_migrated()
+    meter = WriteMeter()
+    meter.install(engine)
+    tenant_id = _bench_tenant()
+    try:
+        _baseline(50)  # warm up connections and caches
+        baseline = _baseline(baseline_samples)
+        final: dict[int, list[float]] = defaultdict(list)
+        for _ in range(tasks):
+            _time_steps(_new_task(tenant_id, [{"content": "done"}]), 1, meter, final)
+        final_commits = meter.commits.pop("step1", 0) / tasks
+        final_bytes = meter.bytes.pop("step1", 0) / tasks
+        chain: dict[int, list[float]] = defaultdict(list)
+        script = [{"tool_calls": [{"name": "calculator", "arguments": {"expression": "1+1"}}]}] * (
+            steps - 1
+        )
+        for _ in range(tasks):
+            _time_steps(_new_task(tenant_id, [*script, {"content": "done"}]), steps, meter, chain)
+    finally:
+        _cleanup(tenant_id)
+    base = summary(baseline)
+    no_tools = summary(final[1])
+    tool_steps = summary([t for n, ts in chain.items() if n < steps for t in ts])
+    per_step_bytes = {n: meter.bytes[f"step{n}"] / tasks for n in range(1, steps)}
+    emit(
+        "checkpoint",
+        {
+            "baseline_insert_commit_ms": base,
+            "step_without_tools_ms": no_tools,
+            "step_without_tools_ratio_p50": no_tools["p50"] / base["p50"],
+            "step_without_tools_ratio_p99": no_tools["p99"] / base["p99"],
+            "step_without_tools_write_commits": final_commits,
+            "step_without_tools_bytes": final_bytes,
+            "step_with_one_tool_call_ms": tool_steps,
+            "step_with_one_tool_call_ratio_p50": tool_steps["p50"] / base["p50"],
+            "step_with_one_tool_call_write_commits": sum(
+                meter.commits[f"step{n}"] for n in range(1, steps)
+            )
+            / (tasks * (steps - 1)),
+            "bytes_written_step_1": per_step_bytes[1],
+            f"bytes_written_step_{steps - 1}": per_step_bytes[steps - 1],
+            "bytes_ratio_last_to_first": per_step_bytes[steps - 1] / per_step_bytes[1],
+        },
+    )
+
+
+# --- limiter -----------------------------------------------------------------------------
+
+
+def _client_loop(  # noqa: PLR0917 - a multiprocessing target takes positional args
+    kind: str, redis_url: str, threads: int, seconds: float, start_at: float, results: Any
+) -> None:
+    import redis
+
+    from shared.rate_limiter import Bucket, RedisLimiter, Take
+
+    client = redis.Redis.from_url(redis_url)
+    limiter = RedisLimiter(client)
+    scope = "bench"
+    takes = [
+        Take(Bucket(f"model:{scope}:requests", rate=1e12)),
+        Take(Bucket(f"model:{scope}:tokens", rate=1e15), 500),
+        Take(Bucket(f"tenant:{scope}:requests", rate=1e12)),
+    ]
+    key = "ratchet:bench:incr"
+    op: Callable[[], object] = (
+        (lambda: client.incr(key))
+        if kind == "incr"
+        else (lambda: limiter.acquire(takes, blocks=[scope]))
+    )
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+
+    def run(index: int) -> None:
+        while time.time() < start_at:
+            time.sleep(0.001)
+        deadline = start_at + seconds
+        mine = latencies[index]
+        while time.time() < deadline:
+            started = time.perf_counter()
+            op()
+            mine.append((time.perf_counter() - started) * 1000)
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    results.put([x for lane in latencies for x in lane])
+
+
+def _measure(kind: str, redis_url: str, clients: int, seconds: float) -> dict[str, float]:
+    processes = 1 if clients == 1 else 2
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    start_at = time.time() + 3.0
+    procs = [
+        context.Process(
+            target=_client_loop,
+            args=(kind, redis_url, clients // processes, seconds, start_at, results),
+        )
+        for _ in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    latencies = [x for _ in procs for x in results.get(timeout=seconds + 60)]
+    for proc in procs:
+        proc.join()
+    return {"ops_per_s": len(latencies) / seconds, **summary(latencies)}
+
+
+def _saturate(
+    redis_url: str, rate_per_s: float, seconds: float, start_at: float, results: Any
+) -> None:
+    import redis
+
+    from shared.rate_limiter import Bucket, RedisLimiter, Take
+
+    limiter = RedisLimiter(redis.Redis.from_url(redis_url))
+    bucket = Bucket("bench:saturated", rate=rate_per_s * 60, period_s=60, capacity=10)
+    admitted = [0] * 8
+
+    def run(index: int) -> None:
+        while time.time() < start_at:
+            time.sleep(0.001)
+        while time.time() < start_at + seconds:
+            decision = limiter.acquire([Take(bucket)])
+            if decision.allowed:
+                admitted[index] += 1
+            else:
+                time.sleep(min(decision.retry_after_ms, 2) / 1000)
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    results.put(sum(admitted))
+
+
+@app.command()
+def limiter(
+    seconds: float = typer.Option(5.0, help="seconds per concurrency level"),
+    saturate_seconds: float = typer.Option(60.0, help="length of the saturated accuracy run"),
+    rate: float = typer.Option(100.0, help="the saturated bucket's rate, per second"),
+) -> None:
+    """Limiter decisions/s and latency vs a bare Redis INCR; admitted vs configured rate."""
+    import redis
+
+    from shared.rate_limiter import RedisLimiter
+    from shared.settings import get_settings
+
+    url = get_settings().redis_url
+    client = redis.Redis.from_url(url)
+    client.delete(RedisLimiter.bucket_key("bench:saturated"))
+    levels: dict[str, Any] = {}
+    for clients in (1, 16, 64):
+        incr = _measure("incr", url, clients, seconds)
+        decision = _measure("limiter", url, clients, seconds)
+        levels[str(clients)] = {
+            "incr": incr,
+            "limiter": decision,
+            "rate_ratio": decision["ops_per_s"] / incr["ops_per_s"],
+        }
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    start_at = time.time() + 3.0
+    procs = [
+        context.Process(target=_saturate, args=(url, rate, saturate_seconds, start_at, results))
+        for _ in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    admitted = sum(results.get(timeout=saturate_seconds + 60) for _ in procs)
+    for proc in procs:
+        proc.join()
+    expected = 10 + rate * saturate_seconds  # burst + refill over the run
+    emit(
+        "limiter",
+        {
+            "concurrency": levels,
+            "saturated": {
+                "configured_per_s": rate,
+                "seconds": saturate_seconds,
+                "admitted": admitted,
+                "expected": expected,
+                "error_pct": 100 * (admitted - expected) / expected,
+            },
+        },
+    )

@@ -1,0 +1,312 @@
+"""The real thing: ``ratchet api`` and ``ratchet worker`` processes, talked to over HTTP.
+
+``stack(workers=2, concurrency=1, env=None)`` starts one API (uvicorn, on a free port) and
+``workers`` Celery workers (prefork pool, ``concurrency`` children each) as subprocesses, with
+this run's database and Redis (``service_env``) plus ``env`` overrides, and returns a
+:class:`Stack` once ``GET /readyz`` answers 200 and every worker has logged that it is ready::
+
+    def test_something(stack, tenant):
+        fleet = stack(workers=2, env={"RATCHET_LEASE_TTL_SECONDS": "3"})
+        with fleet.client(headers=tenant.headers) as http:
+            task = http.post("/v1/tasks", json=...).json()
+        fleet.kill_worker(0)                       # SIGKILL to its whole process group
+        fleet.kill_worker(1, signal.SIGSTOP)       # ... or pause it (SIGCONT resumes)
+        fleet.start_worker()                       # a fresh one, index 2
+
+Each stack gets a Celery queue of its own, so leftovers of an earlier test never reach its
+workers. Every process runs in a session of its own (its own process group), logs to a file
+of its own, and is stopped at teardown: SIGTERM to the leader (with SIGCONT to the group, as
+a stopped process cannot act on SIGTERM), then SIGKILL to the whole group, so no process and
+no prefork child is left behind. When a test fails, the tail of every log is printed with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+START_TIMEOUT_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 10.0
+LOG_TAIL_LINES = 200
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+class StackError(Exception):
+    """A process of the stack did not start."""
+
+
+def _ratchet_command() -> str:
+    # The console script next to this interpreter first: the venv need not be on PATH.
+    found = shutil.which("ratchet", path=str(Path(sys.executable).parent)) or shutil.which(
+        "ratchet"
+    )
+    if found is None:
+        raise StackError("the `ratchet` command is not installed (pip install -e .)")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to a process group; a group that is already gone is fine."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live (non-zombie) children of ``pid``, read from /proc."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # The command name may hold spaces and parentheses: the fields start after the last ")".
+        state, parent = stat.rpartition(")")[2].split()[:2]
+        if int(parent) == pid and state != "Z":
+            children.append(int(entry.name))
+    return sorted(children)
+
+
+class Stack:
+    """A running API and its workers. Create it with the ``stack`` fixture."""
+
+    def __init__(self, *, env: Mapping[str, str], log_dir: Path, concurrency: int) -> None:
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.concurrency = concurrency
+        self.url = ""
+        self.api_proc: subprocess.Popen[bytes] | None = None
+        self.worker_procs: list[subprocess.Popen[bytes]] = []
+        self.worker_names: list[str] = []
+        self._token = uuid.uuid4().hex[:8]
+        self._command = _ratchet_command()
+        self._clients: list[httpx.Client] = []
+
+    # -- starting -------------------------------------------------------------------------
+
+    def start(self, workers: int) -> None:
+        self._launch_api()
+        launched = [self._launch_worker() for _ in range(workers)]
+        self._wait_api()
+        for index in launched:
+            self._wait_worker(index)
+
+    def start_worker(self, *, concurrency: int | None = None) -> int:
+        """Start one more worker, wait until it is ready, and return its index."""
+        index = self._launch_worker(concurrency)
+        self._wait_worker(index)
+        return index
+
+    def _spawn(self, label: str, args: list[str]) -> subprocess.Popen[bytes]:
+        with self.log_path(label).open("ab") as log:
+            return subprocess.Popen(
+                [self._command, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.log_dir,  # away from any .env in the checkout
+                start_new_session=True,
+            )
+
+    def _launch_api(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.api_proc = self._spawn("api", ["api", "--port", str(port)])
+
+    def _wait_api(self, attempts: int = 3) -> None:
+        for attempt in range(attempts):
+            assert self.api_proc is not None
+            try:
+                self._wait_until("api", self.api_proc, self._api_ready)
+                return
+            except StackError:
+                # Another process may have taken the free port between our probe and its bind.
+                if "address already in use" not in self.log_text("api") or attempt == attempts - 1:
+                    raise
+                self._launch_api()
+
+    def _api_ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _launch_worker(self, concurrency: int | None = None) -> int:
+        index = len(self.worker_procs)
+        name = f"w{index}-{self._token}"
+        args = ["worker", f"--concurrency={concurrency or self.concurrency}"]
+        self.worker_procs.append(self._spawn(f"worker-{index}", [*args, f"--hostname={name}@%h"]))
+        self.worker_names.append(name)
+        return index
+
+    def _wait_worker(self, index: int) -> None:
+        ready = re.compile(rf"\b{re.escape(self.worker_names[index])}@\S+ ready\.")
+        self._wait_until(
+            f"worker {index}",
+            self.worker_procs[index],
+            lambda: ready.search(self.log_text(f"worker-{index}")) is not None,
+        )
+
+    def _wait_until(
+        self, what: str, proc: subprocess.Popen[bytes], ready: Callable[[], bool]
+    ) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while not ready():
+            if proc.poll() is not None:
+                raise StackError(
+                    f"{what} exited with {proc.returncode} while starting\n{self.logs()}"
+                )
+            if time.monotonic() > deadline:
+                raise StackError(f"{what} not ready after {START_TIMEOUT_SECONDS} s\n{self.logs()}")
+            time.sleep(0.1)
+
+    # -- using ----------------------------------------------------------------------------
+
+    def client(self, headers: Mapping[str, str] | None = None) -> httpx.Client:
+        """An HTTP client for the API (closed at teardown if the test does not close it)."""
+        client = httpx.Client(base_url=self.url, headers=dict(headers or {}), timeout=30)
+        self._clients.append(client)
+        return client
+
+    def worker_child_pids(self, index: int) -> list[int]:
+        """The prefork pool processes of worker ``index``."""
+        return child_pids(self.worker_procs[index].pid)
+
+    def kill_worker(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to worker ``index`` and its pool children; for SIGKILL, reap it."""
+        proc = self.worker_procs[index]
+        signal_group(proc.pid, sig)
+        if sig == signal.SIGKILL:
+            proc.wait(timeout=STOP_TIMEOUT_SECONDS)
+
+    def messages_received(self, index: int) -> int:
+        """How many Celery messages worker ``index`` has taken from the queue (from its log)."""
+        return len(re.findall(r"Task \S+\[[0-9a-f-]+\] received", self.log_text(f"worker-{index}")))
+
+    # -- logs -----------------------------------------------------------------------------
+
+    def log_path(self, label: str) -> Path:
+        return self.log_dir / f"{label}.log"
+
+    def log_text(self, label: str) -> str:
+        """One process's log: ``api`` or ``worker-<index>``."""
+        try:
+            return self.log_path(label).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def labels(self) -> list[str]:
+        return ["api", *(f"worker-{i}" for i in range(len(self.worker_procs)))]
+
+    def logs(self, tail: int | None = None) -> str:
+        """Every process's log, each under a header (only the last ``tail`` lines if given)."""
+        parts = []
+        for label in self.labels():
+            lines = self.log_text(label).splitlines()
+            shown = lines[-tail:] if tail else lines
+            parts.append(f"----- {label} ({len(lines)} lines) -----\n" + "\n".join(shown))
+        return "\n".join(parts)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every process and its children; safe to call twice."""
+        for client in self._clients:
+            client.close()
+        procs = [p for p in (self.api_proc, *self.worker_procs) if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # a warm shutdown lets a running step finish
+            signal_group(proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc in procs:
+            signal_group(proc.pid, signal.SIGKILL)  # whatever is left, prefork children included
+            proc.wait()
+        self._delete_queue()
+
+    def _delete_queue(self) -> None:
+        queue = self.env["RATCHET_QUEUE_NAME"]
+        with redis.Redis.from_url(self.env["RATCHET_REDIS_URL"]) as conn:
+            keys = list(conn.scan_iter(match=f"*{queue}*"))
+            if keys:
+                conn.delete(*keys)
+
+
+StackFactory = Callable[..., Stack]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    item.stash.setdefault(REPORTS, {})[report.when] = report
+    return report
+
+
+@pytest.fixture
+def stack(
+    service_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[StackFactory]:
+    """Start stacks: ``stack(workers=2, concurrency=1, env=None) -> Stack``.
+
+    A :class:`Stack` offers ``url``, ``client(headers=None)``, ``worker_procs``,
+    ``worker_names``, ``worker_child_pids(i)``, ``start_worker()``, ``kill_worker(i, sig)``,
+    ``messages_received(i)`` and ``logs(tail=None)``. Every stack is stopped after the test,
+    and when the test failed the tail of each process's log is printed with the failure.
+    """
+    stacks: list[Stack] = []
+
+    def start(
+        workers: int = 2, concurrency: int = 1, env: Mapping[str, str] | None = None
+    ) -> Stack:
+        log_dir = tmp_path / f"stack-{len(stacks)}"
+        log_dir.mkdir()
+        queue = f"{service_env['RATCHET_QUEUE_NAME']}-{uuid.uuid4().hex[:8]}"
+        merged = {
+            **os.environ,
+            **service_env,
+            "RATCHET_QUEUE_NAME": queue,
+            "PYTHONUNBUFFERED": "1",
+            # Extension modules named in RATCHET_AGENT_MODULES (tests.sample_agents) import.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            **(env or {}),
+        }
+        started = Stack(env=merged, log_dir=log_dir, concurrency=concurrency)
+        stacks.append(started)
+        started.start(workers)
+        return started
+
+    yield start
+    reports = request.node.stash.get(REPORTS, {})
+    failed = any(r.failed for r in reports.values())
+    for started in stacks:
+        if failed:
+            print(started.logs(tail=LOG_TAIL_LINES))
+        started.close()

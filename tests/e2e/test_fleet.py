@@ -1,0 +1,75 @@
+"""A fleet: the API and two worker processes on real Postgres and Redis, over HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.conftest import TenantHandle
+from tests.e2e.conftest import StackFactory
+from tests.e2e.util import wait_all
+from tests.helpers import scripted_task, tool_turn
+
+TASKS = 100
+STEPS = 3
+
+
+def script(n: int) -> list[dict[str, Any]]:
+    """Two calculator steps and a final answer, with numbers of the task's own."""
+    return [
+        tool_turn("calculator", expression=f"{n}+1"),
+        tool_turn("calculator", expression=f"{n}*2"),
+        {"content": f"task {n}: {n + 1} and {n * 2}"},
+    ]
+
+
+def check_steps(steps: list[dict[str, Any]], *, task_id: str, n: int) -> None:
+    """Every model call and every tool call of task ``n``, in order, each exactly once."""
+    assert [s["number"] for s in steps] == [1, 2, 3], steps
+    assert all(s["status"] == "completed" for s in steps), steps
+    assert all(s["usage"]["input_tokens"] > 0 for s in steps), steps
+    expected_calls = [(f"{n}+1", n + 1), (f"{n}*2", n * 2)]
+    for step, (expression, value) in zip(steps, expected_calls, strict=False):
+        [asked] = step["model"]["tool_calls"]
+        assert (asked["name"], asked["arguments"]) == ("calculator", {"expression": expression})
+        [call] = step["tool_calls"]
+        assert call["name"] == "calculator"
+        assert call["arguments"] == {"expression": expression}
+        assert call["status"] == "succeeded", call
+        assert call["result"] == value
+        assert call["error"] is None
+        assert call["runs"] == 1
+        assert call["idempotency_key"] == f"{task_id}:{step['number']}-0"
+        assert call["finished_at"] is not None
+    final = steps[2]
+    assert final["model"] == {"content": f"task {n}: {n + 1} and {n * 2}", "tool_calls": []}
+    assert final["tool_calls"] == []
+
+
+def test_two_workers_run_a_hundred_tasks_to_the_end(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    fleet = stack(workers=2, concurrency=1)
+    with fleet.client(headers=tenant.headers) as http:
+        numbers: dict[str, int] = {}
+        for n in range(TASKS):
+            response = http.post("/v1/tasks", json=scripted_task(script(n), metadata={"n": n}))
+            assert response.status_code == 202, response.text
+            numbers[response.json()["id"]] = n
+
+        tasks = wait_all(http, None, numbers, timeout=90)
+
+        for task_id, n in numbers.items():
+            task = tasks[task_id]
+            assert task["status"] == "succeeded", (task, fleet.logs(tail=50))
+            assert task["result"] == {"output": f"task {n}: {n + 1} and {n * 2}"}
+            assert task["steps"] == STEPS
+            assert task["error"] is None
+            assert task["metadata"] == {"n": n}
+            response = http.get(f"/v1/tasks/{task_id}/steps")
+            assert response.status_code == 200, response.text
+            check_steps(response.json()["items"], task_id=task_id, n=n)
+
+    received = [fleet.messages_received(i) for i in range(2)]
+    assert sum(received) >= TASKS * STEPS, received
+    # Both workers took a fair share of the messages, not just a token one.
+    assert min(received) >= sum(received) // 10, received

@@ -1,0 +1,333 @@
+"""An OpenAI-compatible chat-completions server over real HTTP, answering from a script.
+
+A test queues the replies, in order, that ``POST /v1/chat/completions`` gives::
+
+    openai_server.reply(
+        tool_call("calculator", {"expression": "6*7"}, call_id="call_1"),
+        error(500),
+        answer("The answer is 42.", prompt_tokens=30, completion_tokens=7),
+    )
+
+A reply is a completion (tool calls with ``finish_reason: "tool_calls"``, or a final text
+answer, each with ``usage``), an HTTP error (status, body and headers such as ``Retry-After``)
+or a stall (no answer for a while, to outlast the client's timeout). A request that finds the
+queue empty gets a 500 that says so. Every request is recorded (method, path, headers, parsed
+JSON body, arrival time), so a test can assert exactly what the provider sent.
+
+Use the fixture by importing it into a test module::
+
+    from tests.fakes.openai_server import openai_server  # noqa: F401
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+import pytest
+
+COMPLETIONS_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call the model asks for; ``arguments`` as a str is sent raw (e.g. bad JSON)."""
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A 200 answer: tool calls, or final text when there are none."""
+
+    content: str | None = None
+    calls: tuple[Call, ...] = ()
+    prompt_tokens: int = 20
+    completion_tokens: int = 10
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """An HTTP error; ``body`` defaults to OpenAI's ``{"error": {...}}`` shape."""
+
+    status: int
+    message: str = "the test server was told to fail"
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Say nothing for ``seconds`` (past the client's timeout), then send ``then`` if anyone is
+    still listening."""
+
+    seconds: float
+    then: Completion | ErrorReply | None = None
+
+
+Reply = Completion | ErrorReply | Stall
+
+
+def tool_call(
+    name: str,
+    arguments: Mapping[str, Any] | str | None = None,
+    *,
+    call_id: str | None = None,
+    prompt_tokens: int = 20,
+    completion_tokens: int = 10,
+) -> Completion:
+    """A completion that asks for one tool call."""
+    call = Call(name, {} if arguments is None else arguments)
+    if call_id is not None:
+        call = dataclasses.replace(call, id=call_id)
+    return Completion(
+        calls=(call,), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+    )
+
+
+def tool_calls(*calls: Call, prompt_tokens: int = 20, completion_tokens: int = 10) -> Completion:
+    """A completion that asks for several tool calls at once."""
+    return Completion(calls=calls, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+
+
+def answer(content: str, *, prompt_tokens: int = 20, completion_tokens: int = 10) -> Completion:
+    """A final text answer (``finish_reason: "stop"``)."""
+    return Completion(
+        content=content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+    )
+
+
+def error(
+    status: int,
+    message: str = "the test server was told to fail",
+    *,
+    headers: Mapping[str, str] | None = None,
+    body: Any = None,
+) -> ErrorReply:
+    return ErrorReply(status, message, dict(headers or {}), body)
+
+
+def stall(seconds: float, then: Completion | ErrorReply | None = None) -> Stall:
+    return Stall(seconds, then)
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request as the server saw it. ``body`` is the parsed JSON (or the raw text)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]  # names lower-cased
+    body: Any
+    at: float  # time.monotonic() on arrival
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body["messages"])
+
+
+class OpenAIServer:
+    """The server, its reply queue and its request log. Thread-safe; a context manager."""
+
+    def __init__(self) -> None:
+        self._replies: deque[Reply] = deque()
+        self._received: list[Received] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._ids = itertools.count(1)
+        self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd.fake = self
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fake-openai",
+            daemon=True,
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    @property
+    def base_url(self) -> str:
+        """What ``RATCHET_OPENAI_BASE_URL`` should be."""
+        return f"{self.url}/v1"
+
+    @property
+    def requests(self) -> list[Received]:
+        with self._lock:
+            return list(self._received)
+
+    @property
+    def pending(self) -> int:
+        """Replies queued and not yet given."""
+        with self._lock:
+            return len(self._replies)
+
+    def reply(self, *replies: Reply) -> None:
+        """Queue replies; each request takes the next one."""
+        with self._lock:
+            self._replies.extend(replies)
+
+    def start(self) -> OpenAIServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closing.set()  # wakes stalled handlers at once
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> OpenAIServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _record(self, request: Received) -> Reply:
+        with self._lock:
+            self._received.append(request)
+            if request.method != "POST" or request.path != COMPLETIONS_PATH:
+                return ErrorReply(404, f"no route {request.method} {request.path}")
+            if not self._replies:
+                return ErrorReply(500, "the test server has no scripted reply left")
+            return self._replies.popleft()
+
+    def _completion_body(self, reply: Completion, model: str) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
+        if reply.calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": call.arguments
+                        if isinstance(call.arguments, str)
+                        else json.dumps(call.arguments),
+                    },
+                }
+                for call in reply.calls
+            ]
+        return {
+            "id": f"chatcmpl-test-{next(self._ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": "tool_calls" if reply.calls else "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": reply.completion_tokens,
+                "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+            },
+        }
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: OpenAIServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the request log is self.server.fake.requests
+
+    def _handle(self) -> None:
+        fake = self.server.fake
+        received = Received(
+            method=self.command,
+            path=self.path.partition("?")[0],
+            headers={name.lower(): value for name, value in self.headers.items()},
+            body=self._read_body(),
+            at=time.monotonic(),
+        )
+        reply: Reply | None = fake._record(received)
+        if isinstance(reply, Stall):
+            if fake._closing.wait(reply.seconds):
+                return
+            reply = reply.then
+        if reply is None:
+            reply = answer("(answered after a stall)")
+        model = received.body.get("model", "") if isinstance(received.body, dict) else ""
+        try:
+            if isinstance(reply, Completion):
+                self._send(200, fake._completion_body(reply, model))
+            else:
+                self._send_error(reply)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout test): nothing to tell it
+
+    def _read_body(self) -> Any:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return raw.decode(errors="replace")
+
+    def _send_error(self, reply: ErrorReply) -> None:
+        body = reply.body
+        if body is None:
+            body = {
+                "error": {
+                    "message": reply.message,
+                    "type": "invalid_request_error" if reply.status < 500 else "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+        self._send(reply.status, body, reply.headers)
+
+    def _send(self, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("x-request-id", f"req_{uuid.uuid4().hex[:16]}")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+
+@pytest.fixture
+def openai_server() -> Iterator[OpenAIServer]:
+    """A running fake OpenAI server with an empty reply queue; closed after the test."""
+    with OpenAIServer() as server:
+        yield server
