@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from shared.models import Step, utcnow
+from shared.models import Step, ToolCall, utcnow
 from shared.task_store import Lease
 
 MODEL_RESPONDED = "model_responded"
@@ -41,16 +41,37 @@ def load_steps(
     return session.scalars(query).all()
 
 
+def load_history(session: Session, task_id: str) -> tuple[list[Step], list[ToolCall]]:
+    """Every step of the task and every tool call, in order, in one round trip."""
+    rows = session.execute(
+        select(Step, ToolCall)
+        .outerjoin(
+            ToolCall, (ToolCall.task_id == Step.task_id) & (ToolCall.step_number == Step.number)
+        )
+        .where(Step.task_id == task_id)
+        .order_by(Step.number, ToolCall.position)
+    ).all()
+    steps = list({id(step): step for step, _ in rows}.values())
+    calls = [call for _, call in rows if call is not None]
+    return steps, calls
+
+
 def get_step(session: Session, task_id: str, number: int) -> Step | None:
     return session.get(Step, (task_id, number), populate_existing=True)
 
 
-def record_model_response(session: Session, lease: Lease, call: ModelCall) -> Step:
-    """Checkpoint the model's answer for ``lease.step``. The caller has fenced the lease."""
+def record_model_response(
+    session: Session, lease: Lease, call: ModelCall, *, final: bool = False
+) -> Step:
+    """Checkpoint the model's answer for ``lease.step``; the caller has fenced the lease.
+
+    A ``final`` answer (no tool calls) completes its step in the same write.
+    """
+    now = utcnow()
     step = Step(
         task_id=lease.task_id,
         number=lease.step,
-        status=MODEL_RESPONDED,
+        status=COMPLETED if final else MODEL_RESPONDED,
         response=call.response,
         input_tokens=call.input_tokens,
         output_tokens=call.output_tokens,
@@ -58,7 +79,8 @@ def record_model_response(session: Session, lease: Lease, call: ModelCall) -> St
         model_latency_ms=call.latency_ms,
         lease_epoch=lease.epoch,
         started_at=call.started_at,
-        model_completed_at=utcnow(),
+        model_completed_at=now,
+        completed_at=now if final else None,
     )
     session.add(step)
     session.flush()

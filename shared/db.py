@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -57,18 +56,23 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, pool_recycle=1800)
 
 
-@lru_cache
-def _engine_for(url: str, pid: int) -> Engine:
-    return make_engine(url)
+_engines: dict[tuple[str, int], Engine] = {}
 
 
 def get_engine() -> Engine:
     """The process's engine. Keyed on the PID so a forked Celery child never shares sockets."""
-    return _engine_for(get_settings().effective_database_url, os.getpid())
+    key = (get_settings().effective_database_url, os.getpid())
+    engine = _engines.get(key)
+    if engine is None:
+        engine = _engines.setdefault(key, make_engine(key[0]))
+    return engine
 
 
 def reset_engines() -> None:
-    _engine_for.cache_clear()
+    """Forget every engine; this process's own are closed, a parent's are left alone."""
+    for (_, pid), engine in list(_engines.items()):
+        engine.dispose(close=pid == os.getpid())
+    _engines.clear()
 
 
 def get_sessionmaker() -> sessionmaker[Session]:

@@ -59,6 +59,10 @@ class LeaseLost(RatchetError):
     """This worker no longer holds the task's lease; it must write nothing more."""
 
 
+class CancelRequested(RatchetError):
+    """The client asked to cancel this task; it ends at the next commit point."""
+
+
 class ToolError(RatchetError):
     """The tool call failed."""
 

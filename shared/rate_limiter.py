@@ -248,9 +248,15 @@ class RedisLimiter:
 
 
 def _describe(bucket: Bucket, level: float, stats: list[dict[Any, Any]]) -> dict[str, Any]:
+    # A provider 429 blocks the model itself (scope "provider:model"), not one of its buckets:
+    # a model bucket ("model:provider:model:requests") also reports its model's blocks.
+    scopes = [bucket.scope]
+    if bucket.scope.startswith("model:"):
+        scopes.append(bucket.scope.removeprefix("model:").rsplit(":", 1)[0])
+
     def total(name: str) -> int:
-        key = f"{name}:{bucket.scope}"
-        return sum(int(s.get(key, s.get(key.encode(), 0))) for s in stats)
+        keys = [f"{name}:{scope}" for scope in scopes]
+        return sum(int(s.get(k, s.get(k.encode(), 0))) for s in stats for k in keys)
 
     return {
         "scope": bucket.scope,

@@ -7,19 +7,19 @@ are conditional UPDATEs; those that can lose a race say whether they happened.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, case, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.db import now_ms
-from shared.errors import Conflict, LeaseLost, NotFound
+from shared.errors import CancelRequested, Conflict, LeaseLost, NotFound
 from shared.events import append_event
 from shared.ids import new_id
-from shared.models import Task, TaskStatus, utcnow
-from shared.views import task_document
+from shared.models import Task, TaskEvent, TaskStatus, utcnow
+from shared.views import aware, task_document
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class Lease:
     step: int
     attempt: int
     ttl_ms: int
+    clock_ms: int = 0  # the database clock when the lease was taken
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,47 @@ def take_lease(
     A message for a step that is already committed is stale and refused for good; a lease
     held by someone else is refused with the time it has left. A step that has already been
     attempted ``max_attempts`` times without committing (its workers keep dying) fails the
-    task with ``worker_lost`` instead of looping forever.
+    task with ``worker_lost`` instead of looping forever. On success the task row in the
+    session is the leased state.
     """
+    now = utcnow()
+    queued = Task.status == TaskStatus.QUEUED
+    query = (
+        update(Task)
+        .where(Task.id == task_id, Task.status.in_(TaskStatus.RUNNABLE))
+        .where(Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms <= now_ms()))
+        .where(Task.attempt < max_attempts)
+        .values(
+            lease_epoch=Task.lease_epoch + 1,
+            lease_owner=owner,
+            lease_expires_ms=now_ms() + ttl_ms,
+            attempt=Task.attempt + 1,
+            status=TaskStatus.RUNNING,
+            started_at=case((queued, now), else_=Task.started_at),
+            updated_at=now,
+            last_event_seq=Task.last_event_seq + case((queued, 1), else_=0),
+        )
+        .returning(Task, now_ms())
+    )
+    if step is not None:
+        query = query.where(Task.steps == step - 1)
+    row = session.execute(
+        query, execution_options={"populate_existing": True, "synchronize_session": False}
+    ).one_or_none()
+    if row is None:
+        return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
+    leased, clock = row
+    if aware(leased.started_at) == now:  # it was queued: this lease starts it
+        insert_events(session, leased, [("task.started", task_document)])
+    return Lease(
+        task_id, leased.lease_epoch, owner, leased.steps + 1, leased.attempt, ttl_ms, int(clock)
+    )
+
+
+def _refusal(
+    session: Session, task_id: str, *, ttl_ms: int, step: int | None, max_attempts: int
+) -> LeaseRefused:
+    """Why the lease UPDATE matched nothing (the slow path)."""
     task = session.get(Task, task_id, populate_existing=True)
     if task is None:
         return LeaseRefused("missing")
@@ -169,30 +209,7 @@ def take_lease(
     if task.attempt >= max_attempts:
         _fail_poisoned(session, task, max_attempts)
         return LeaseRefused("poisoned: failed with worker_lost")
-    was_queued = task.status == TaskStatus.QUEUED
-    row = session.execute(
-        update(Task)
-        .where(Task.id == task_id, Task.lease_epoch == task.lease_epoch)
-        .where(Task.status.in_(TaskStatus.RUNNABLE))
-        .where(Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms <= now_ms()))
-        .values(
-            lease_epoch=Task.lease_epoch + 1,
-            lease_owner=owner,
-            lease_expires_ms=now_ms() + ttl_ms,
-            attempt=Task.attempt + 1,
-            status=TaskStatus.RUNNING,
-            started_at=func.coalesce(Task.started_at, utcnow()),
-            updated_at=utcnow(),
-        )
-        .returning(Task.lease_epoch, Task.attempt)
-        .execution_options(synchronize_session=False)
-    ).first()
-    if row is None:
-        return _why_held(session, task_id, ttl_ms)
-    if was_queued:
-        session.refresh(task)
-        append_event(session, task_id, "task.started", task_document(task))
-    return Lease(task_id, row.lease_epoch, owner, task.steps + 1, row.attempt, ttl_ms)
+    return _why_held(session, task_id, ttl_ms)
 
 
 def _why_held(session: Session, task_id: str, ttl_ms: int) -> LeaseRefused:
@@ -208,23 +225,17 @@ def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> None:
         "message": f"step {task.steps + 1} was started {task.attempt} times and never finished "
         f"(its worker died each time); giving up after {max_attempts} attempts",
     }
-    done = session.execute(
+    failed = session.scalars(
         update(Task)
         .where(Task.id == task.id, Task.lease_epoch == task.lease_epoch)
         .values(
-            status=TaskStatus.FAILED,
-            error=error,
-            finished_at=utcnow(),
-            updated_at=utcnow(),
-            lease_owner=None,
-            lease_expires_ms=None,
-            due_ms=None,
+            {**_terminal(TaskStatus.FAILED, error=error), "last_event_seq": Task.last_event_seq + 1}
         )
-        .execution_options(synchronize_session=False)
-    )
-    if done.rowcount == 1:  # type: ignore[attr-defined]
-        session.refresh(task)
-        append_event(session, task.id, "task.failed", task_document(task))
+        .returning(Task),
+        execution_options={"populate_existing": True, "synchronize_session": False},
+    ).one_or_none()
+    if failed is not None:
+        insert_events(session, failed, [("task.failed", task_document)])
 
 
 def _held(lease: Lease) -> ColumnElement[bool]:
@@ -235,101 +246,155 @@ def _held(lease: Lease) -> ColumnElement[bool]:
     )
 
 
-def fence(session: Session, lease: Lease) -> bool:
-    """Assert the lease inside the caller's transaction and extend it; return cancel_requested.
-
-    The UPDATE locks the task row until commit, so a competing lease-taker waits for this
-    transaction and then sees the bumped epoch: only a holder of the current epoch can write.
-    Raises LeaseLost if the epoch moved on (or the task left a runnable state).
-    """
-    row = session.execute(
-        update(Task)
-        .where(_held(lease))
-        .values(lease_expires_ms=now_ms() + lease.ttl_ms, updated_at=utcnow())
-        .returning(Task.cancel_requested)
-        .execution_options(synchronize_session=False)
-    ).first()
-    if row is None:
-        raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
-    return bool(row.cancel_requested)
+EventSpec = tuple[str, dict[str, Any] | Callable[[Task], dict[str, Any]]]
 
 
-def add_usage(
-    session: Session, lease: Lease, *, input_tokens: int, output_tokens: int, cost_usd: float
-) -> None:
-    session.execute(
-        update(Task)
-        .where(_held(lease))
-        .values(
-            input_tokens=Task.input_tokens + input_tokens,
-            output_tokens=Task.output_tokens + output_tokens,
-            cost_usd=Task.cost_usd + cost_usd,
-        )
-        .execution_options(synchronize_session=False)
-    )
-
-
-def commit_progress(session: Session, lease: Lease) -> None:
-    """Record that ``lease.step`` is done and free the task for the next step's message."""
-    session.execute(
-        update(Task)
-        .where(_held(lease))
-        .values(
-            steps=lease.step,
-            attempt=0,
-            model_failures=0,
-            waiting=None,
-            lease_owner=None,
-            lease_expires_ms=None,
-            due_ms=now_ms(),
-            updated_at=utcnow(),
-        )
-        .execution_options(synchronize_session=False)
-    )
-
-
-def release_lease(
+def insert_events(
     session: Session,
+    task: Task | None,
+    events: Sequence[EventSpec],
+    *,
+    task_id: str = "",
+    last_seq: int = 0,
+) -> None:
+    """Insert events whose seqs the caller already reserved (the last ``len(events)`` seqs).
+
+    Events whose data is a function of the task (terminal events carry the Task) need ``task``.
+    """
+    if not events:
+        return
+    if task is not None:
+        task_id, last_seq = task.id, task.last_event_seq
+    first = last_seq - len(events) + 1
+    rows = []
+    for offset, (type_, spec) in enumerate(events):
+        if callable(spec):
+            assert task is not None, "an event built from the task needs the task"
+        data = spec(task) if callable(spec) and task is not None else spec
+        rows.append(
+            {
+                "task_id": task_id,
+                "seq": first + offset,
+                "type": type_,
+                "data": data,
+                "created_at": utcnow(),
+            }
+        )
+    session.execute(insert(TaskEvent), rows)
+
+
+def write(
+    session: Session,
+    lease: Lease,
+    *,
+    values: dict[str, Any] | None = None,
+    events: Sequence[EventSpec] = (),
+    honour_cancel: bool = True,
+) -> None:
+    """The one fenced write of a step: check the lease, extend it, apply ``values``, log events.
+
+    It is a single UPDATE of the task row, and it comes first in its transaction: the row lock
+    it takes makes a competing lease-taker wait for this commit and then see the bumped epoch,
+    so only a holder of the current epoch can write. Raises LeaseLost if the epoch moved on,
+    CancelRequested if the client asked to cancel (unless ``honour_cancel`` is False).
+    """
+    condition = _held(lease)
+    if honour_cancel:
+        condition &= Task.cancel_requested.is_(False)
+    statement = (
+        update(Task)
+        .where(condition)
+        .values(
+            {
+                "lease_expires_ms": now_ms() + lease.ttl_ms,
+                "updated_at": utcnow(),
+                "last_event_seq": Task.last_event_seq + len(events),
+                **(values or {}),
+            }
+        )
+        .execution_options(synchronize_session=False)
+    )
+    # Only events that carry the whole Task need the row back as an object; the rest need
+    # just the seq, which is much cheaper to return.
+    if any(callable(data) for _, data in events):
+        task = session.scalars(
+            statement.returning(Task), execution_options={"populate_existing": True}
+        ).one_or_none()
+        if task is not None:
+            insert_events(session, task, events)
+            return
+    else:
+        last_seq = session.scalar(statement.returning(Task.last_event_seq))
+        if last_seq is not None:
+            insert_events(session, None, events, task_id=lease.task_id, last_seq=last_seq)
+            return
+    cancel = session.scalar(select(Task.cancel_requested).where(_held(lease)))
+    if cancel:
+        raise CancelRequested(f"task {lease.task_id}: cancellation requested")
+    raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
+
+
+def fence(session: Session, lease: Lease) -> None:
+    """Assert and extend the lease (the heartbeat): raises LeaseLost if it is gone."""
+    done = session.execute(
+        update(Task)
+        .where(_held(lease))
+        .values(lease_expires_ms=now_ms() + lease.ttl_ms)
+        .execution_options(synchronize_session=False)
+    )
+    if done.rowcount != 1:  # type: ignore[attr-defined]
+        raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
+
+
+def usage_values(*, input_tokens: int, output_tokens: int, cost_usd: float) -> dict[str, Any]:
+    return {
+        "input_tokens": Task.input_tokens + input_tokens,
+        "output_tokens": Task.output_tokens + output_tokens,
+        "cost_usd": Task.cost_usd + cost_usd,
+    }
+
+
+def progress_values(lease: Lease) -> dict[str, Any]:
+    """``lease.step`` is done: free the task for the next step's message."""
+    return {
+        "steps": lease.step,
+        "attempt": 0,
+        "model_failures": 0,
+        "waiting": None,
+        "lease_owner": None,
+        "lease_expires_ms": None,
+        "due_ms": now_ms(),
+    }
+
+
+def release_values(
     lease: Lease,
     *,
     delay_ms: int = 0,
     model_failures: int | None = None,
     waiting: dict[str, Any] | None = None,
-) -> None:
+) -> dict[str, Any]:
     """Give the lease back without progress (a wait); the attempt does not count.
 
     ``waiting`` says why (shown on the step timeline until the step moves on).
     """
-    extra: dict[str, Any] = {"waiting": waiting}
-    if model_failures is not None:
-        extra["model_failures"] = model_failures
-    session.execute(
-        update(Task)
-        .where(_held(lease))
-        .values(
-            **extra,
-            attempt=Task.attempt - 1,
-            lease_owner=None,
-            lease_expires_ms=None,
-            due_ms=now_ms() + delay_ms,
-            updated_at=utcnow(),
-        )
-        .execution_options(synchronize_session=False)
-    )
-
-
-def finish(
-    session: Session,
-    lease: Lease,
-    *,
-    status: str,
-    result: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    steps: int | None = None,
-) -> Task:
-    """Move the task to a terminal state (fenced) and append its terminal event."""
-    assert status in TaskStatus.TERMINAL
     values: dict[str, Any] = {
+        "waiting": waiting,
+        "attempt": Task.attempt - 1,
+        "lease_owner": None,
+        "lease_expires_ms": None,
+        "due_ms": now_ms() + delay_ms,
+    }
+    if model_failures is not None:
+        values["model_failures"] = model_failures
+    return values
+
+
+def _terminal(
+    status: str, *, result: dict[str, Any] | None = None, error: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    assert status in TaskStatus.TERMINAL
+    return {
         "status": status,
         "result": result,
         "error": error,
@@ -342,20 +407,39 @@ def finish(
         "model_failures": 0,
         "waiting": None,
     }
+
+
+def terminal_values(
+    status: str,
+    *,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """The values that end a task (pair with its ``task.<status>`` event)."""
+    values = _terminal(status, result=result, error=error)
     if steps is not None:
         values["steps"] = steps
-    done = session.execute(
-        update(Task)
-        .where(_held(lease))
-        .values(**values)
-        .execution_options(synchronize_session=False)
+    return values
+
+
+def finish(
+    session: Session,
+    lease: Lease,
+    *,
+    status: str,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    steps: int | None = None,
+) -> None:
+    """Move the task to a terminal state (fenced) and append its terminal event."""
+    write(
+        session,
+        lease,
+        values=terminal_values(status, result=result, error=error, steps=steps),
+        events=[(f"task.{status}", task_document)],
+        honour_cancel=status != TaskStatus.CANCELLED,
     )
-    if done.rowcount != 1:  # type: ignore[attr-defined]
-        raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
-    task = session.get(Task, lease.task_id, populate_existing=True)
-    assert task is not None
-    append_event(session, task.id, f"task.{status}", task_document(task))
-    return task
 
 
 def request_cancel(session: Session, tenant_id: str, task_id: str) -> Task:

@@ -4,6 +4,10 @@ Every write is fenced by the lease epoch, so a worker that lost its lease (pause
 a duplicate delivery) writes nothing and stops. Restarting at any point resumes from the last
 commit: a checkpointed model response is replayed, never re-asked; a finished tool call is
 replayed, never re-run.
+
+Write transactions per step: the lease; the model response (which, for a final answer, also
+ends the task); and per tool call its ``started`` row and its outcome — the last outcome
+commits together with the step's completion.
 """
 
 from __future__ import annotations
@@ -18,26 +22,27 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared import checkpoints, failpoints, ledger, task_store
-from shared.db import now_ms, transaction
-from shared.errors import LeaseLost, ModelError
-from shared.events import append_event
+from shared.db import transaction
+from shared.errors import CancelRequested, LeaseLost, ModelError
 from shared.models import Step, Task, TaskStatus, Tenant, ToolCall, utcnow
 from shared.pricing import cost_usd
 from shared.queue import enqueue_step
 from shared.registry import Agent, Tool, ToolContext, get_agent, get_registry
 from shared.settings import get_settings
 from shared.task_store import Lease, LeaseRefused
-from workers import model_calls, tool_runner
+from shared.views import task_document
+from workers import heartbeat, model_calls, tool_runner
 from workers.models import ModelRequest, ModelResponse, ToolCallRequest, get_provider
 from workers.models.base import Message, ToolSchema
 
 log = logging.getLogger("ratchet.step")
+CANCELLED_ERROR = {"type": "cancelled", "message": "cancelled at the client's request"}
 
 
 class TaskEnded(Exception):
@@ -46,7 +51,7 @@ class TaskEnded(Exception):
 
 @dataclass(frozen=True)
 class Context:
-    """What a step needs, read once at its start."""
+    """What a step needs, read in the lease's transaction."""
 
     lease: Lease
     task: Task
@@ -56,6 +61,7 @@ class Context:
     step_row: Step | None
     calls: dict[str, ToolCall]
     tenant_name: str
+    clock_ms: int
 
 
 def worker_id() -> str:
@@ -65,25 +71,26 @@ def worker_id() -> str:
 def advance(task_id: str, step: int | None = None) -> None:
     """Run one step of ``task_id`` if it is ours to run, then enqueue whatever comes next."""
     settings = get_settings()
-    ttl_ms = int(settings.lease_ttl_seconds * 1000)
     with transaction() as session:
         lease = task_store.take_lease(
             session,
             task_id,
             owner=worker_id(),
-            ttl_ms=ttl_ms,
+            ttl_ms=int(settings.lease_ttl_seconds * 1000),
             step=step,
             max_attempts=settings.max_step_attempts,
         )
+        ctx = load_context(session, lease) if isinstance(lease, Lease) else None
     if isinstance(lease, LeaseRefused):
         log.info("no lease for %s: %s", task_id, lease.reason, extra={"task_id": task_id})
         if lease.retry_in_ms and step is not None:
             enqueue_step(task_id, step, delay_ms=lease.retry_in_ms + 100)
         return
+    assert ctx is not None
     extra = {"task_id": task_id, "step": lease.step, "lease_epoch": lease.epoch}
     try:
-        with heartbeat(lease):
-            finished = run_step(lease)
+        with heartbeat.kept(lease):
+            finished = run_step(ctx)
     except LeaseLost as exc:
         log.warning("fenced: %s", exc, extra=extra)
         return
@@ -94,47 +101,19 @@ def advance(task_id: str, step: int | None = None) -> None:
 
 
 @contextmanager
-def heartbeat(lease: Lease) -> Iterator[None]:
-    """Extend the lease in the background while a long model call or tool runs."""
-    stop = threading.Event()
-    interval = lease.ttl_ms / 3000
-
-    def beat() -> None:
-        while not stop.wait(interval):
-            try:
-                with transaction() as session:
-                    task_store.fence(session, lease)
-            except LeaseLost:
-                return
-            except Exception:
-                log.exception("heartbeat failed", extra={"task_id": lease.task_id})
-
-    thread = threading.Thread(target=beat, name=f"heartbeat-{lease.task_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-@contextmanager
 def fenced(lease: Lease) -> Iterator[Session]:
-    """A transaction that holds the lease; a requested cancel ends the task right here."""
-    with transaction() as session:
-        if task_store.fence(session, lease):
-            task_store.finish(
-                session,
-                lease,
-                status=TaskStatus.CANCELLED,
-                error={"type": "cancelled", "message": "cancelled at the client's request"},
-            )
-            cancelled = True
-        else:
-            cancelled = False
+    """A transaction whose first statement must be a ``task_store.write`` (the fence).
+
+    A requested cancellation surfaces there; the task is then cancelled in a transaction of
+    its own and the step ends.
+    """
+    try:
+        with transaction() as session:
             yield session
-    if cancelled:
-        raise TaskEnded
+    except CancelRequested:
+        with transaction() as session:
+            task_store.finish(session, lease, status=TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        raise TaskEnded from None
 
 
 def fail(lease: Lease, error_type: str, message: str) -> NoReturn:
@@ -145,9 +124,9 @@ def fail(lease: Lease, error_type: str, message: str) -> NoReturn:
     raise TaskEnded
 
 
-def run_step(lease: Lease) -> bool:
+def run_step(ctx: Context) -> bool:
     """Run ``lease.step``; return True when the task reached a terminal state."""
-    ctx = load_context(lease)
+    lease = ctx.lease
     if ctx.step_row is None:
         check_limits(ctx)
         answer = call_model(ctx)
@@ -164,25 +143,29 @@ def run_step(lease: Lease) -> bool:
         )
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(lease) as session:
-            complete_step(session, lease)
+            task_store.write(session, lease, **completion(lease))
+            checkpoints.complete_step(session, lease)
     failpoints.hit("after_step_commit")
     return False
 
 
-def complete_step(session: Session, lease: Lease) -> None:
-    """The step is done: mark it, move the task's progress on, free the lease."""
-    checkpoints.complete_step(session, lease)
-    task_store.commit_progress(session, lease)
-    append_event(session, lease.task_id, "step.completed", {"step": lease.step})
+def completion(lease: Lease) -> dict[str, Any]:
+    """The task values and event that complete ``lease.step``."""
+    return {
+        "values": task_store.progress_values(lease),
+        "events": [("step.completed", {"step": lease.step})],
+    }
 
 
-def load_context(lease: Lease) -> Context:
-    with transaction() as session:
-        task = session.get(Task, lease.task_id, populate_existing=True)
-        assert task is not None
-        steps = checkpoints.load_steps(session, lease.task_id)
-        calls = ledger.calls_for_task(session, lease.task_id)
-        tenant_name = session.scalar(select(Tenant.name).where(Tenant.id == task.tenant_id))
+def load_context(session: Session, lease: Lease) -> Context:
+    """Everything the step needs, read in the lease's transaction.
+
+    A first attempt at step 1 has no history and nothing to resume: it reads nothing more.
+    """
+    task = session.get(Task, lease.task_id)
+    assert task is not None
+    fresh = lease.step == 1 and lease.attempt == 1
+    steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
     agent = get_agent(task.agent)
     registry = get_registry()
     tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
@@ -196,8 +179,21 @@ def load_context(lease: Lease) -> Context:
         history=conversation(task, agent, done, calls),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
-        tenant_name=tenant_name or task.tenant_id,
+        tenant_name=tenant_name(session, task.tenant_id),
+        clock_ms=lease.clock_ms,
     )
+
+
+_tenant_names: dict[str, str] = {}
+
+
+def tenant_name(session: Session, tenant_id: str) -> str:
+    """Tenant names never change, so each process looks each one up once."""
+    name = _tenant_names.get(tenant_id)
+    if name is None:
+        name = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or tenant_id
+        _tenant_names[tenant_id] = name
+    return name
 
 
 def conversation(
@@ -239,16 +235,14 @@ def conversation(
 def check_limits(ctx: Context) -> None:
     """Limits checked before each model call; each ends the task with the reason."""
     task, lease = ctx.task, ctx.lease
+    if task.cancel_requested:
+        with transaction() as session:
+            task_store.finish(session, lease, status=TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        raise TaskEnded
     if lease.step > task.max_steps:
         fail(lease, "max_steps_exceeded", f"the task reached max_steps ({task.max_steps})")
-    if task.deadline_ms is not None:
-        with transaction() as session:
-            clock = session.scalar(select(now_ms()))
-        if clock is not None and clock > task.deadline_ms:
-            fail(lease, "deadline_exceeded", "the task ran past its wall-clock deadline")
-    if task.cancel_requested:
-        with fenced(lease):
-            pass
+    if task.deadline_ms is not None and ctx.clock_ms > task.deadline_ms:
+        fail(lease, "deadline_exceeded", "the task ran past its wall-clock deadline")
 
 
 @dataclass(frozen=True)
@@ -259,7 +253,7 @@ class Answer:
 
 
 def call_model(ctx: Context) -> Answer:
-    """Ask the model for this step, retrying transient errors with full jitter."""
+    """Ask the model for this step (rate limits, retries and 429 feedback included)."""
     provider, model_name = get_provider(ctx.task.model)
     request = ModelRequest(
         task_id=ctx.task.id,
@@ -290,14 +284,14 @@ def defer(lease: Lease, deferred: model_calls.Deferred) -> NoReturn:
     """Give the lease back and come back for this step after the wait, via the queue."""
     cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
     delay_ms = min(int(deferred.delay_s * 1000), cap_ms)
+    values = task_store.release_values(
+        lease,
+        delay_ms=delay_ms,
+        model_failures=deferred.failures,
+        waiting={**deferred.reason, "retry_in_ms": delay_ms},
+    )
     with fenced(lease) as session:
-        task_store.release_lease(
-            session,
-            lease,
-            delay_ms=delay_ms,
-            model_failures=deferred.failures,
-            waiting={**deferred.reason, "retry_in_ms": delay_ms},
-        )
+        task_store.write(session, lease, values=values)
     log.info(
         "step waits %d ms via the queue: %s",
         delay_ms,
@@ -309,12 +303,34 @@ def defer(lease: Lease, deferred: model_calls.Deferred) -> NoReturn:
 
 
 def record_response(ctx: Context, answer: Answer) -> bool:
-    """Checkpoint the model's answer; a final answer (no tool calls) also ends the task."""
-    response = answer.response
-    lease, task = ctx.lease, ctx.task
+    """Checkpoint the model's answer in one write; a final answer (no tool calls) or a blown
+    budget also ends the task there. Returns whether the task ended."""
+    response, lease, task = answer.response, ctx.lease, ctx.task
     cost = cost_usd(
         task.model, input_tokens=response.input_tokens, output_tokens=response.output_tokens
     )
+    usage = {
+        "input_tokens": response.input_tokens,
+        "output_tokens": response.output_tokens,
+        "cost_usd": cost,
+    }
+    values = task_store.usage_values(
+        input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost
+    )
+    events: list[task_store.EventSpec] = [
+        ("step.model_response", {"step": lease.step, **response.to_dict(), "usage": usage})
+    ]
+    over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
+    final = not response.tool_calls and not over_budget
+    if over_budget:
+        error = {"type": "budget_exceeded", "message": over_budget}
+        values |= task_store.terminal_values(TaskStatus.FAILED, error=error)
+        events.append(("task.failed", task_document))
+    elif final:
+        values |= task_store.terminal_values(
+            TaskStatus.SUCCEEDED, result={"output": response.content or ""}, steps=lease.step
+        )
+        events += [("step.completed", {"step": lease.step}), ("task.succeeded", task_document)]
     call = checkpoints.ModelCall(
         response=response.to_dict(),
         input_tokens=response.input_tokens,
@@ -323,47 +339,10 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         latency_ms=answer.latency_ms,
         started_at=answer.started_at,
     )
-    over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
     with fenced(lease) as session:
-        checkpoints.record_model_response(session, lease, call)
-        task_store.add_usage(
-            session,
-            lease,
-            input_tokens=response.input_tokens,
-            output_tokens=response.output_tokens,
-            cost_usd=cost,
-        )
-        usage = {
-            "input_tokens": response.input_tokens,
-            "output_tokens": response.output_tokens,
-            "cost_usd": cost,
-        }
-        append_event(
-            session,
-            lease.task_id,
-            "step.model_response",
-            {"step": lease.step, **response.to_dict(), "usage": usage},
-        )
-        if over_budget:
-            task_store.finish(
-                session,
-                lease,
-                status=TaskStatus.FAILED,
-                error={"type": "budget_exceeded", "message": over_budget},
-            )
-            return True
-        if response.tool_calls:
-            return False
-        checkpoints.complete_step(session, lease)
-        append_event(session, lease.task_id, "step.completed", {"step": lease.step})
-        task_store.finish(
-            session,
-            lease,
-            status=TaskStatus.SUCCEEDED,
-            result={"output": response.content or ""},
-            steps=lease.step,
-        )
-    return True
+        task_store.write(session, lease, values=values, events=events)
+        checkpoints.record_model_response(session, lease, call, final=final)
+    return final or bool(over_budget)
 
 
 def budget_exceeded(task: Task, tokens: int, cost: float) -> str | None:
@@ -389,8 +368,12 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     if row is not None and row.status != ledger.STARTED:
         return False
     tool = ctx.tools.get(call.name)
-    if row is None:
-        with fenced(lease) as session:
+    if row is not None and tool is not None and not tool.idempotent:
+        resolve_unknown_outcome(ctx, tool, call_id)
+        return False
+    with fenced(lease) as session:
+        task_store.write(session, lease)
+        if row is None:
             ledger.start_call(
                 session,
                 lease,
@@ -400,19 +383,12 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
                 tool=call.name,
                 arguments=call.arguments,
             )
-    elif tool is not None and not tool.idempotent:
-        resolve_unknown_outcome(ctx, tool, call_id)
-        return False
-    else:
-        with fenced(lease) as session:
+        else:
             ledger.restart_call(session, lease, call_id)
     failpoints.hit("tool_call")
     outcome = invoke(ctx, tool, call, call_id)
     failpoints.hit("after_tool")
-    with fenced(lease) as session:
-        record_outcome(session, lease, call_id=call_id, name=call.name, outcome=outcome)
-        if last:
-            complete_step(session, lease)
+    record_outcome(lease, call_id=call_id, name=call.name, outcome=outcome, last=last)
     return last
 
 
@@ -438,43 +414,54 @@ def invoke(
 
 
 def record_outcome(
-    session: Session, lease: Lease, *, call_id: str, name: str, outcome: tool_runner.Outcome
+    lease: Lease,
+    *,
+    call_id: str,
+    name: str,
+    outcome: tool_runner.Outcome,
+    last: bool,
+    end_task: dict[str, Any] | None = None,
 ) -> None:
+    """Commit a call's outcome; with ``last`` the step completes in the same write, with
+    ``end_task`` (an error) the task fails in it."""
     status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
-    ledger.finish_call(
-        session, lease, call_id, status=status, result=outcome.result, error=outcome.error
-    )
-    append_event(
-        session,
-        lease.task_id,
-        "step.tool_call",
-        {
-            "step": lease.step,
-            "call_id": call_id,
-            "name": name,
-            "status": status,
-            "result": outcome.result,
-            "error": outcome.error,
-        },
-    )
+    event = {
+        "step": lease.step,
+        "call_id": call_id,
+        "name": name,
+        "status": status,
+        "result": outcome.result,
+        "error": outcome.error,
+    }
+    events: list[task_store.EventSpec] = [("step.tool_call", event)]
+    values: dict[str, Any] = {}
+    if end_task is not None:
+        values = task_store.terminal_values(TaskStatus.FAILED, error=end_task)
+        events.append(("task.failed", task_document))
+    elif last:
+        done = completion(lease)
+        values, events = done["values"], events + done["events"]
+    with fenced(lease) as session:
+        task_store.write(session, lease, values=values, events=events)
+        ledger.finish_call(
+            session, lease, call_id, status=status, result=outcome.result, error=outcome.error
+        )
+        if last and end_task is None:
+            checkpoints.complete_step(session, lease)
 
 
 def resolve_unknown_outcome(ctx: Context, tool: Tool, call_id: str) -> None:
     """A non-idempotent call was started but never finished: apply the tool's policy."""
-    lease = ctx.lease
     message = (
         f"tool call {call_id} ({tool.name}) was interrupted by a crash; its outcome is unknown "
         "and the tool is not idempotent, so it was not run again"
     )
     unknown = tool_runner.Outcome(ok=False, error=message)
-    with fenced(lease) as session:
-        record_outcome(session, lease, call_id=call_id, name=tool.name, outcome=unknown)
-        if tool.on_unknown_outcome == "tell_model":
-            return
-        task_store.finish(
-            session,
-            lease,
-            status=TaskStatus.FAILED,
-            error={"type": "tool_outcome_unknown", "message": message},
-        )
+    if tool.on_unknown_outcome == "tell_model":
+        record_outcome(ctx.lease, call_id=call_id, name=tool.name, outcome=unknown, last=False)
+        return
+    error = {"type": "tool_outcome_unknown", "message": message}
+    record_outcome(
+        ctx.lease, call_id=call_id, name=tool.name, outcome=unknown, last=False, end_task=error
+    )
     raise TaskEnded

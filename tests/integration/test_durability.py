@@ -235,8 +235,10 @@ def test_a_worker_that_lost_its_lease_writes_nothing(
     assert isinstance(new, task_store.Lease)
     assert new.epoch == old.epoch + 1
 
+    with transaction() as session:
+        stale_context = step_runner.load_context(session, old)
     with pytest.raises(LeaseLost):  # … and every write it attempts is refused
-        step_runner.run_step(old)
+        step_runner.run_step(stale_context)
     with transaction() as session:
         assert session.get(Step, (task_id, 1)) is None
     assert events(task_id) == ["task.queued", "task.started"]
