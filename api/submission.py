@@ -78,7 +78,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         budget=body.budget.model_dump(exclude_none=True) if body.budget else None,
         webhook=webhook,
         metadata=body.metadata,
-        deadline_seconds=settings.task_deadline_seconds,
+        deadline_seconds=settings.task_deadline_seconds or None,
     )
 
 

@@ -67,6 +67,10 @@ def worker(
     hostname: str | None = None,
 ) -> None:
     """Run a Celery worker that advances tasks one step per message."""
+    # SIGTERM (what deploys send) becomes Celery's soft shutdown: running steps get
+    # RATCHET_SHUTDOWN_GRACE_SECONDS, then their messages go back on the queue. Celery reads
+    # this when its worker module loads, so it is set before anything imports it.
+    os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
     from shared.db import require_migrated
     from workers.app import app as celery_app
 

@@ -48,6 +48,7 @@ def run(*, host: str, port: int, concurrency: int) -> None:
     with transaction() as session:
         key = dev_api_key(session, settings.data_dir / "dev-api-key")
 
+    from workers import sweeper
     from workers.app import app  # the Celery app with Ratchet's tasks registered
 
     with start_worker(
@@ -58,6 +59,7 @@ def run(*, host: str, port: int, concurrency: int) -> None:
         loglevel="WARNING",
         hostname="ratchet-dev@localhost",
     ):
+        sweeper.start()  # the in-memory queue does not survive a restart: the sweeper heals
         url = f"http://{host}:{port}"
         print(f"Ratchet is running at {url} (embedded: SQLite + in-process queue)", flush=True)
         print(f"API key for tenant 'dev': {key}", flush=True)

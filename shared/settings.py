@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     default_max_steps: int = Field(20, ge=1)
     max_steps_limit: int = Field(200, ge=1)
     max_request_bytes: int = Field(1_000_000, ge=1024)
-    task_deadline_seconds: float | None = Field(3600.0, gt=0)
+    task_deadline_seconds: float = Field(3600.0, ge=0)  # 0: no deadline
     agent_modules: CommaList = []
 
     lease_ttl_seconds: float = Field(30.0, gt=0)
