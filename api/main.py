@@ -11,7 +11,8 @@ from fastapi.openapi.utils import get_openapi
 
 from api import problems
 from api.body_limit import BodyLimitMiddleware
-from api.routes import admin, agents, health, tasks
+from api.event_hub import hub
+from api.routes import admin, agents, events, health, tasks, webhooks
 from api.schemas import TaskCreate
 from shared.db import require_migrated
 from shared.registry import get_registry
@@ -22,7 +23,11 @@ from shared.settings import get_settings
 async def lifespan(_: FastAPI) -> AsyncIterator[None]:
     require_migrated()  # refuse to serve on a schema older than the code
     get_registry()
-    yield
+    await hub.start()
+    try:
+        yield
+    finally:
+        await hub.stop()
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -51,6 +56,8 @@ def create_app() -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_request_bytes)
     app.include_router(health.router)
     app.include_router(tasks.router)
+    app.include_router(events.router)
+    app.include_router(webhooks.router)
     app.include_router(agents.router)
     app.include_router(admin.router)
     return app

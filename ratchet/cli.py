@@ -75,7 +75,13 @@ def worker(
     from workers.app import app as celery_app
 
     require_migrated()
+    from shared.queue import webhook_queue
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    queues = f"{webhook_queue(settings)},{settings.queue_name}"
     argv = ["worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={loglevel}"]
+    argv.append(f"--queues={queues}")
     argv += ["--without-gossip", "--without-mingle"]
     if hostname:
         argv.append(f"--hostname={hostname}")

@@ -14,6 +14,7 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy.orm import Session
 
 from shared.db import migrate, transaction
+from shared.queue import webhook_queue
 from shared.errors import NotFound
 from shared.settings import get_settings
 from shared.tenants import authenticate, create_key, create_tenant, get_tenant_by_name
@@ -58,6 +59,7 @@ def run(*, host: str, port: int, concurrency: int) -> None:
         perform_ping_check=False,
         loglevel="WARNING",
         hostname="ratchet-dev@localhost",
+        queues=[webhook_queue(settings), settings.queue_name],
     ):
         sweeper.start()  # the in-memory queue does not survive a restart: the sweeper heals
         url = f"http://{host}:{port}"

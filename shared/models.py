@@ -177,3 +177,71 @@ class TaskEvent(Base):
     type: Mapped[str] = mapped_column(String(64))
     data: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookSecret(Base):
+    """A tenant's signing secrets: the newest signs; older ones keep signing until they expire
+    (the rotation overlap), so receivers can switch without missing a message."""
+
+    __tablename__ = "webhook_secrets"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    secret: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None]
+
+
+class WebhookEndpoint(Base):
+    """A tenant's default endpoint: receives the listed events of every task of the tenant."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    events: Mapped[list[Any]]
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """The outbox: one row per (event, endpoint), written in the event's transaction."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_task", "task_id", "id"),
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_ms"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    endpoint_id: Mapped[str | None] = mapped_column(String(36))
+    event_seq: Mapped[int]
+    event_type: Mapped[str] = mapped_column(String(64))
+    url: Mapped[str] = mapped_column(String(2048))
+    payload: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(default=0)
+    attempts_base: Mapped[int] = mapped_column(default=0)  # attempts before the last redeliver
+    next_attempt_ms: Mapped[int | None] = mapped_column(BigInteger)
+    claim_expires_ms: Mapped[int | None] = mapped_column(BigInteger)
+    last_status_code: Mapped[int | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[datetime | None]
+
+
+class WebhookAttempt(Base):
+    __tablename__ = "webhook_attempts"
+
+    delivery_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[datetime]
+    status_code: Mapped[int | None]
+    latency_ms: Mapped[int]
+    error: Mapped[str | None] = mapped_column(Text)

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from celery import Celery
 
-from shared.constants import ADVANCE_TASK
+from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
 from shared.settings import Settings, get_settings
 
 
@@ -51,6 +51,24 @@ def get_celery() -> Celery:
     app = Celery("ratchet", set_as_current=False)
     configure(app, get_settings())
     return app
+
+
+def webhook_queue(settings: Settings) -> str:
+    """Webhook sends have a queue of their own, listed first so a worker takes them first."""
+    return f"{settings.queue_name}.webhooks"
+
+
+def enqueue_deliveries(delivery_ids: list[str], *, delay_s: float = 0) -> None:
+    """Ask a worker to send these webhook deliveries. A lost message only delays them: the
+    sweeper re-sends due deliveries."""
+    settings = get_settings()
+    for delivery_id in delivery_ids:
+        get_celery().send_task(
+            DELIVER_WEBHOOK_TASK,
+            args=[delivery_id],
+            queue=webhook_queue(settings),
+            countdown=delay_s or None,
+        )
 
 
 def enqueue_step(task_id: str, step: int, *, delay_ms: int = 0) -> None:

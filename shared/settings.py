@@ -60,10 +60,27 @@ class Settings(BaseSettings):
 
     http_allowed_hosts: CommaList = []
     webhook_allowed_hosts: CommaList = []
+    # Seconds before each attempt: the first is immediate, then 5 s, 5 min, 30 min, 2 h, …
+    webhook_retry_schedule: Annotated[list[float], NoDecode] = [
+        0,
+        5,
+        300,
+        1800,
+        7200,
+        18000,
+        36000,
+        36000,
+    ]
+    webhook_timeout_seconds: float = Field(10.0, gt=0)
+    webhook_secret_overlap_hours: float = Field(24.0, ge=0)
     tool_timeout_seconds: float = Field(60.0, gt=0)
 
     _split = field_validator(
-        "agent_modules", "http_allowed_hosts", "webhook_allowed_hosts", mode="before"
+        "agent_modules",
+        "http_allowed_hosts",
+        "webhook_allowed_hosts",
+        "webhook_retry_schedule",
+        mode="before",
     )(_split_commas)
 
     @field_validator("database_url")

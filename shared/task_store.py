@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, insert, select, update
 from sqlalchemy.orm import Session
 
+from shared import outbox
 from shared.db import now_ms
 from shared.errors import CancelRequested, Conflict, LeaseLost, NotFound
-from shared.events import append_event
 from shared.ids import new_id
 from shared.models import Task, TaskEvent, TaskStatus, utcnow
 from shared.views import aware, task_document
@@ -47,7 +47,10 @@ class Lease:
     step: int
     attempt: int
     ttl_ms: int
+    tenant_id: str = ""
     clock_ms: int = 0  # the database clock when the lease was taken
+    started: bool = False  # this lease started the task (and logged task.started)
+    deliveries: tuple[str, ...] = ()  # webhook deliveries queued by that event
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ def create_task(
     *,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    deliveries: list[str] | None = None,
 ) -> Task:
     task = Task(
         id=new_id(),
@@ -88,8 +92,22 @@ def create_task(
     session.add(task)
     session.flush()
     session.refresh(task)
-    append_event(session, task.id, "task.queued", task_document(task))
+    _log_event(session, task, "task.queued", deliveries)
     return task
+
+
+def _log_event(session: Session, task: Task, type_: str, deliveries: list[str] | None) -> None:
+    """Append one event outside a step (its seq reserved here), with its webhooks."""
+    task.last_event_seq += 1
+    session.flush()
+    queued = insert_events(
+        session,
+        [(type_, task_document)],
+        task=task,
+        subscriptions=outbox.subscriptions_for(session, task),
+    )
+    if deliveries is not None:
+        deliveries.extend(queued)
 
 
 def find_by_idempotency_key(session: Session, tenant_id: str, key: str) -> Task | None:
@@ -188,10 +206,26 @@ def take_lease(
     if row is None:
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
     leased, clock = row
-    if aware(leased.started_at) == now:  # it was queued: this lease starts it
-        insert_events(session, leased, [("task.started", task_document)])
+    deliveries: list[str] = []
+    started = aware(leased.started_at) == now
+    if started:  # it was queued: this lease starts it
+        deliveries = insert_events(
+            session,
+            [("task.started", task_document)],
+            task=leased,
+            subscriptions=outbox.subscriptions_for(session, leased),
+        )
     return Lease(
-        task_id, leased.lease_epoch, owner, leased.steps + 1, leased.attempt, ttl_ms, int(clock)
+        task_id=task_id,
+        epoch=leased.lease_epoch,
+        owner=owner,
+        step=leased.steps + 1,
+        attempt=leased.attempt,
+        ttl_ms=ttl_ms,
+        tenant_id=leased.tenant_id,
+        clock_ms=int(clock),
+        started=started,
+        deliveries=tuple(deliveries),
     )
 
 
@@ -234,8 +268,13 @@ def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> None:
         .returning(Task),
         execution_options={"populate_existing": True, "synchronize_session": False},
     ).one_or_none()
-    if failed is not None:
-        insert_events(session, failed, [("task.failed", task_document)])
+    if failed is not None:  # its webhooks go out with the sweeper's next pass
+        insert_events(
+            session,
+            [("task.failed", task_document)],
+            task=failed,
+            subscriptions=outbox.subscriptions_for(session, failed),
+        )
 
 
 def _held(lease: Lease) -> ColumnElement[bool]:
@@ -251,36 +290,42 @@ EventSpec = tuple[str, dict[str, Any] | Callable[[Task], dict[str, Any]]]
 
 def insert_events(
     session: Session,
-    task: Task | None,
     events: Sequence[EventSpec],
     *,
+    task: Task | None = None,
     task_id: str = "",
+    tenant_id: str = "",
     last_seq: int = 0,
-) -> None:
-    """Insert events whose seqs the caller already reserved (the last ``len(events)`` seqs).
+    subscriptions: Sequence[outbox.Subscription] = (),
+) -> list[str]:
+    """Insert events whose seqs the caller already reserved (the last ``len(events)`` seqs),
+    and the outbox rows of the webhooks subscribed to them; returns the deliveries' ids.
 
     Events whose data is a function of the task (terminal events carry the Task) need ``task``.
     """
     if not events:
-        return
+        return []
     if task is not None:
-        task_id, last_seq = task.id, task.last_event_seq
+        task_id, tenant_id, last_seq = task.id, task.tenant_id, task.last_event_seq
     first = last_seq - len(events) + 1
-    rows = []
+    written: list[tuple[int, str, dict[str, Any]]] = []
     for offset, (type_, spec) in enumerate(events):
         if callable(spec):
             assert task is not None, "an event built from the task needs the task"
         data = spec(task) if callable(spec) and task is not None else spec
-        rows.append(
-            {
-                "task_id": task_id,
-                "seq": first + offset,
-                "type": type_,
-                "data": data,
-                "created_at": utcnow(),
-            }
-        )
-    session.execute(insert(TaskEvent), rows)
+        written.append((first + offset, type_, data))  # type: ignore[arg-type]
+    session.execute(
+        insert(TaskEvent),
+        [
+            {"task_id": task_id, "seq": seq, "type": type_, "data": data, "created_at": utcnow()}
+            for seq, type_, data in written
+        ],
+    )
+    if not subscriptions:
+        return []
+    return outbox.add_deliveries(
+        session, task_id=task_id, tenant_id=tenant_id, subscriptions=subscriptions, events=written
+    )
 
 
 def write(
@@ -290,13 +335,15 @@ def write(
     values: dict[str, Any] | None = None,
     events: Sequence[EventSpec] = (),
     honour_cancel: bool = True,
-) -> None:
+    subscriptions: Sequence[outbox.Subscription] = (),
+) -> list[str]:
     """The one fenced write of a step: check the lease, extend it, apply ``values``, log events.
 
     It is a single UPDATE of the task row, and it comes first in its transaction: the row lock
     it takes makes a competing lease-taker wait for this commit and then see the bumped epoch,
     so only a holder of the current epoch can write. Raises LeaseLost if the epoch moved on,
     CancelRequested if the client asked to cancel (unless ``honour_cancel`` is False).
+    Returns the webhook deliveries its events queued, to be sent once it commits.
     """
     condition = _held(lease)
     if honour_cancel:
@@ -321,13 +368,18 @@ def write(
             statement.returning(Task), execution_options={"populate_existing": True}
         ).one_or_none()
         if task is not None:
-            insert_events(session, task, events)
-            return
+            return insert_events(session, events, task=task, subscriptions=subscriptions)
     else:
         last_seq = session.scalar(statement.returning(Task.last_event_seq))
         if last_seq is not None:
-            insert_events(session, None, events, task_id=lease.task_id, last_seq=last_seq)
-            return
+            return insert_events(
+                session,
+                events,
+                task_id=lease.task_id,
+                tenant_id=lease.tenant_id,
+                last_seq=last_seq,
+                subscriptions=subscriptions,
+            )
     cancel = session.scalar(select(Task.cancel_requested).where(_held(lease)))
     if cancel:
         raise CancelRequested(f"task {lease.task_id}: cancellation requested")
@@ -431,18 +483,22 @@ def finish(
     result: dict[str, Any] | None = None,
     error: dict[str, Any] | None = None,
     steps: int | None = None,
-) -> None:
+    subscriptions: Sequence[outbox.Subscription] = (),
+) -> list[str]:
     """Move the task to a terminal state (fenced) and append its terminal event."""
-    write(
+    return write(
         session,
         lease,
         values=terminal_values(status, result=result, error=error, steps=steps),
         events=[(f"task.{status}", task_document)],
         honour_cancel=status != TaskStatus.CANCELLED,
+        subscriptions=subscriptions,
     )
 
 
-def request_cancel(session: Session, tenant_id: str, task_id: str) -> Task:
+def request_cancel(
+    session: Session, tenant_id: str, task_id: str, *, deliveries: list[str] | None = None
+) -> Task:
     """Cancel now if no worker holds the task; otherwise flag it for the next commit point."""
     task = get_task(session, tenant_id, task_id)
     if task.status in TaskStatus.TERMINAL:
@@ -466,7 +522,7 @@ def request_cancel(session: Session, tenant_id: str, task_id: str) -> Task:
         )
         if done.rowcount == 1:  # type: ignore[attr-defined]
             session.refresh(task)
-            append_event(session, task_id, "task.cancelled", task_document(task))
+            _log_event(session, task, "task.cancelled", deliveries)
             return task
     session.execute(
         update(Task)
@@ -478,7 +534,9 @@ def request_cancel(session: Session, tenant_id: str, task_id: str) -> Task:
     return task
 
 
-def requeue_failed(session: Session, tenant_id: str, task_id: str) -> Task:
+def requeue_failed(
+    session: Session, tenant_id: str, task_id: str, *, deliveries: list[str] | None = None
+) -> Task:
     """``failed → queued``: the task resumes from its last committed step."""
     task = get_task(session, tenant_id, task_id)
     done = session.execute(
@@ -498,7 +556,7 @@ def requeue_failed(session: Session, tenant_id: str, task_id: str) -> Task:
     if done.rowcount != 1:  # type: ignore[attr-defined]
         raise Conflict(f"only a failed task can be retried; task {task_id} is {task.status}")
     session.refresh(task)
-    append_event(session, task_id, "task.queued", task_document(task))
+    _log_event(session, task, "task.queued", deliveries)
     return task
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from shared import webhook_secrets
 from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.ids import hash_secret, new_api_key, new_id
 from shared.models import ApiKey, Tenant
@@ -34,6 +35,7 @@ def create_tenant(session: Session, name: str) -> Tenant:
     tenant = Tenant(id=new_id(), name=name)
     session.add(tenant)
     session.flush()
+    webhook_secrets.create(session, tenant.id)
     return tenant
 
 

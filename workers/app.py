@@ -7,11 +7,11 @@ from typing import Any
 
 from celery import signals
 
-from shared.constants import ADVANCE_TASK
+from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
 from shared.db import reset_engines
 from shared.queue import get_celery
 from shared.registry import get_registry
-from workers import step_runner, sweeper
+from workers import step_runner, sweeper, webhook_sender
 
 log = logging.getLogger("ratchet.worker")
 app = get_celery()
@@ -21,6 +21,12 @@ app = get_celery()
 def advance_task(task_id: str, step: int | None = None) -> None:
     """Advance ``task_id`` by one step; safe to run twice (the lease decides)."""
     step_runner.advance(task_id, step)
+
+
+@app.task(name=DELIVER_WEBHOOK_TASK)
+def deliver_webhook(delivery_id: str) -> None:
+    """Send one webhook delivery from the outbox; safe to run twice (the claim decides)."""
+    webhook_sender.deliver(delivery_id)
 
 
 @signals.worker_process_init.connect

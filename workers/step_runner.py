@@ -20,19 +20,19 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared import checkpoints, failpoints, ledger, task_store
+from shared import checkpoints, failpoints, ledger, notify, outbox, task_store
 from shared.db import transaction
 from shared.errors import CancelRequested, LeaseLost, ModelError
 from shared.models import Step, Task, TaskStatus, Tenant, ToolCall, utcnow
 from shared.pricing import cost_usd
-from shared.queue import enqueue_step
+from shared.queue import enqueue_deliveries, enqueue_step
 from shared.registry import Agent, Tool, ToolContext, get_agent, get_registry
 from shared.settings import get_settings
 from shared.task_store import Lease, LeaseRefused
@@ -62,6 +62,7 @@ class Context:
     calls: dict[str, ToolCall]
     tenant_name: str
     clock_ms: int
+    subscriptions: list[outbox.Subscription]
 
 
 def worker_id() -> str:
@@ -87,6 +88,8 @@ def advance(task_id: str, step: int | None = None) -> None:
             enqueue_step(task_id, step, delay_ms=lease.retry_in_ms + 100)
         return
     assert ctx is not None
+    if lease.started:
+        after_commit(task_id, list(lease.deliveries))
     extra = {"task_id": task_id, "step": lease.step, "lease_epoch": lease.epoch}
     try:
         with heartbeat.kept(lease):
@@ -100,27 +103,61 @@ def advance(task_id: str, step: int | None = None) -> None:
         enqueue_step(task_id, lease.step + 1)
 
 
-@contextmanager
-def fenced(lease: Lease) -> Iterator[Session]:
-    """A transaction whose first statement must be a ``task_store.write`` (the fence).
+def after_commit(task_id: str, deliveries: list[str]) -> None:
+    """Once events are committed: send their webhooks and wake their readers. Neither may
+    fail the step: the sweeper re-sends due deliveries, and readers poll as a fallback."""
+    if deliveries:
+        try:
+            enqueue_deliveries(deliveries)
+        except Exception:
+            log.warning("webhook dispatch failed; the sweeper will send them", exc_info=True)
+    notify.publish([task_id])
 
-    A requested cancellation surfaces there; the task is then cancelled in a transaction of
-    its own and the step ends.
-    """
+
+@dataclass
+class Writes:
+    """A fenced transaction: ``write`` must come first (it is the fence)."""
+
+    session: Session
+    ctx: Context
+    deliveries: list[str] = field(default_factory=list)
+
+    def write(self, **kwargs: Any) -> None:
+        self.deliveries += task_store.write(
+            self.session, self.ctx.lease, subscriptions=self.ctx.subscriptions, **kwargs
+        )
+
+    def finish(self, status: str, **kwargs: Any) -> None:
+        self.deliveries += task_store.finish(
+            self.session,
+            self.ctx.lease,
+            status=status,
+            subscriptions=self.ctx.subscriptions,
+            **kwargs,
+        )
+
+
+@contextmanager
+def fenced(ctx: Context) -> Iterator[Writes]:
+    """A transaction whose first statement is a fenced write; its webhooks and wake-ups go
+    out once it commits. A requested cancellation surfaces at the fence; the task is then
+    cancelled in a transaction of its own and the step ends."""
     try:
         with transaction() as session:
-            yield session
+            writes = Writes(session, ctx)
+            yield writes
     except CancelRequested:
         with transaction() as session:
-            task_store.finish(session, lease, status=TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+            writes = Writes(session, ctx)
+            writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        after_commit(ctx.task.id, writes.deliveries)
         raise TaskEnded from None
+    after_commit(ctx.task.id, writes.deliveries)
 
 
-def fail(lease: Lease, error_type: str, message: str) -> NoReturn:
-    with fenced(lease) as session:
-        task_store.finish(
-            session, lease, status=TaskStatus.FAILED, error={"type": error_type, "message": message}
-        )
+def fail(ctx: Context, error_type: str, message: str) -> NoReturn:
+    with fenced(ctx) as writes:
+        writes.finish(TaskStatus.FAILED, error={"type": error_type, "message": message})
     raise TaskEnded
 
 
@@ -142,9 +179,9 @@ def run_step(ctx: Context) -> bool:
             ctx, position, call, last=position == len(response.tool_calls) - 1
         )
     if not completed:  # resumed after the last call's outcome was already committed
-        with fenced(lease) as session:
-            task_store.write(session, lease, **completion(lease))
-            checkpoints.complete_step(session, lease)
+        with fenced(ctx) as writes:
+            writes.write(**completion(lease))
+            checkpoints.complete_step(writes.session, lease)
     failpoints.hit("after_step_commit")
     return False
 
@@ -181,6 +218,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
         tenant_name=tenant_name(session, task.tenant_id),
         clock_ms=lease.clock_ms,
+        subscriptions=outbox.subscriptions_for(session, task),
     )
 
 
@@ -236,13 +274,13 @@ def check_limits(ctx: Context) -> None:
     """Limits checked before each model call; each ends the task with the reason."""
     task, lease = ctx.task, ctx.lease
     if task.cancel_requested:
-        with transaction() as session:
-            task_store.finish(session, lease, status=TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        with fenced(ctx) as writes:
+            writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
         raise TaskEnded
     if lease.step > task.max_steps:
-        fail(lease, "max_steps_exceeded", f"the task reached max_steps ({task.max_steps})")
+        fail(ctx, "max_steps_exceeded", f"the task reached max_steps ({task.max_steps})")
     if task.deadline_ms is not None and ctx.clock_ms > task.deadline_ms:
-        fail(lease, "deadline_exceeded", "the task ran past its wall-clock deadline")
+        fail(ctx, "deadline_exceeded", "the task ran past its wall-clock deadline")
 
 
 @dataclass(frozen=True)
@@ -274,14 +312,15 @@ def call_model(ctx: Context) -> Answer:
             prior_failures=ctx.task.model_failures,
         )
     except ModelError as exc:
-        fail(ctx.lease, exc.error_type, str(exc))
+        fail(ctx, exc.error_type, str(exc))
     except model_calls.Deferred as deferred:
-        defer(ctx.lease, deferred)
+        defer(ctx, deferred)
     return Answer(response, int((time.monotonic() - started) * 1000), started_at)
 
 
-def defer(lease: Lease, deferred: model_calls.Deferred) -> NoReturn:
+def defer(ctx: Context, deferred: model_calls.Deferred) -> NoReturn:
     """Give the lease back and come back for this step after the wait, via the queue."""
+    lease = ctx.lease
     cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
     delay_ms = min(int(deferred.delay_s * 1000), cap_ms)
     values = task_store.release_values(
@@ -290,8 +329,8 @@ def defer(lease: Lease, deferred: model_calls.Deferred) -> NoReturn:
         model_failures=deferred.failures,
         waiting={**deferred.reason, "retry_in_ms": delay_ms},
     )
-    with fenced(lease) as session:
-        task_store.write(session, lease, values=values)
+    with fenced(ctx) as writes:
+        writes.write(values=values)
     log.info(
         "step waits %d ms via the queue: %s",
         delay_ms,
@@ -339,9 +378,9 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         latency_ms=answer.latency_ms,
         started_at=answer.started_at,
     )
-    with fenced(lease) as session:
-        task_store.write(session, lease, values=values, events=events)
-        checkpoints.record_model_response(session, lease, call, final=final)
+    with fenced(ctx) as writes:
+        writes.write(values=values, events=events)
+        checkpoints.record_model_response(writes.session, lease, call, final=final)
     return final or bool(over_budget)
 
 
@@ -371,11 +410,11 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     if row is not None and tool is not None and not tool.idempotent:
         resolve_unknown_outcome(ctx, tool, call_id)
         return False
-    with fenced(lease) as session:
-        task_store.write(session, lease)
+    with fenced(ctx) as writes:
+        writes.write()
         if row is None:
             ledger.start_call(
-                session,
+                writes.session,
                 lease,
                 position=position,
                 call_id=call_id,
@@ -384,11 +423,11 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
                 arguments=call.arguments,
             )
         else:
-            ledger.restart_call(session, lease, call_id)
+            ledger.restart_call(writes.session, lease, call_id)
     failpoints.hit("tool_call")
     outcome = invoke(ctx, tool, call, call_id)
     failpoints.hit("after_tool")
-    record_outcome(lease, call_id=call_id, name=call.name, outcome=outcome, last=last)
+    record_outcome(ctx, call_id=call_id, name=call.name, outcome=outcome, last=last)
     return last
 
 
@@ -414,7 +453,7 @@ def invoke(
 
 
 def record_outcome(
-    lease: Lease,
+    ctx: Context,
     *,
     call_id: str,
     name: str,
@@ -424,6 +463,7 @@ def record_outcome(
 ) -> None:
     """Commit a call's outcome; with ``last`` the step completes in the same write, with
     ``end_task`` (an error) the task fails in it."""
+    lease = ctx.lease
     status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
     event = {
         "step": lease.step,
@@ -441,13 +481,18 @@ def record_outcome(
     elif last:
         done = completion(lease)
         values, events = done["values"], events + done["events"]
-    with fenced(lease) as session:
-        task_store.write(session, lease, values=values, events=events)
+    with fenced(ctx) as writes:
+        writes.write(values=values, events=events)
         ledger.finish_call(
-            session, lease, call_id, status=status, result=outcome.result, error=outcome.error
+            writes.session,
+            lease,
+            call_id,
+            status=status,
+            result=outcome.result,
+            error=outcome.error,
         )
         if last and end_task is None:
-            checkpoints.complete_step(session, lease)
+            checkpoints.complete_step(writes.session, lease)
 
 
 def resolve_unknown_outcome(ctx: Context, tool: Tool, call_id: str) -> None:
@@ -458,10 +503,10 @@ def resolve_unknown_outcome(ctx: Context, tool: Tool, call_id: str) -> None:
     )
     unknown = tool_runner.Outcome(ok=False, error=message)
     if tool.on_unknown_outcome == "tell_model":
-        record_outcome(ctx.lease, call_id=call_id, name=tool.name, outcome=unknown, last=False)
+        record_outcome(ctx, call_id=call_id, name=tool.name, outcome=unknown, last=False)
         return
     error = {"type": "tool_outcome_unknown", "message": message}
     record_outcome(
-        ctx.lease, call_id=call_id, name=tool.name, outcome=unknown, last=False, end_task=error
+        ctx, call_id=call_id, name=tool.name, outcome=unknown, last=False, end_task=error
     )
     raise TaskEnded

@@ -17,9 +17,9 @@ import threading
 
 from sqlalchemy import text
 
-from shared import task_store
+from shared import outbox, task_store
 from shared.db import transaction
-from shared.queue import enqueue_step
+from shared.queue import enqueue_deliveries, enqueue_step
 from shared.settings import get_settings
 
 log = logging.getLogger("ratchet.sweeper")
@@ -27,7 +27,8 @@ SWEEP_LOCK_ID = 0x5241544348  # "RATCH"
 
 
 def sweep_once() -> int:
-    """One pass: re-enqueue every overdue task; return how many."""
+    """One pass: re-enqueue every overdue task and every due webhook delivery; return how
+    many messages it sent."""
     grace_ms = int(get_settings().sweep_grace_seconds * 1000)
     with transaction() as session:
         if session.get_bind().dialect.name == "postgresql":
@@ -38,11 +39,13 @@ def sweep_once() -> int:
                 return 0
         overdue = task_store.due_for_sweep(session, grace_ms=grace_ms)
         task_store.mark_redispatched(session, [task_id for task_id, _ in overdue])
+        deliveries = outbox.due(session)
     for task_id, step in overdue:
         enqueue_step(task_id, step)
+    enqueue_deliveries(deliveries)
     if overdue:
         log.warning("sweeper re-enqueued %d task(s)", len(overdue))
-    return len(overdue)
+    return len(overdue) + len(deliveries)
 
 
 def run(stop: threading.Event) -> None:

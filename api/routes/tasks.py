@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -17,24 +18,31 @@ from sqlalchemy.exc import IntegrityError
 
 from api import submission
 from api.deps import Reader, SessionDep, Writer
+from api.event_hub import hub
 from api.schemas import StepList, StepOut, TaskCreate, TaskList, ToolCallOut
-from shared import checkpoints, ledger, task_store
+from shared import checkpoints, ledger, notify, task_store
 from shared.db import get_sessionmaker
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
 from shared.models import Step, Task, TaskStatus, ToolCall
-from shared.queue import enqueue_step
+from shared.queue import enqueue_deliveries, enqueue_step
 from shared.settings import get_settings
 from shared.views import TaskView, Usage, aware, task_view
 
 log = logging.getLogger("ratchet.api")
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 MAX_WAIT_SECONDS = 60
+FALLBACK_POLL_SECONDS = 2.0
 
 
-def _enqueue(task: Task) -> None:
-    # The task is committed; if the broker is down the sweeper sends the message later.
+def _after_commit(task: Task, deliveries: list[str], *, run: bool = False) -> None:
+    """The change is committed: wake readers, send webhooks, and (``run``) ask a worker to
+    advance the task. If the broker is down the sweeper sends these messages later."""
+    notify.publish([task.id])
     try:
-        enqueue_step(task.id, task.steps + 1)
+        if deliveries:
+            enqueue_deliveries(deliveries)
+        if run:
+            enqueue_step(task.id, task.steps + 1)
     except Exception:
         log.exception("enqueue failed; the sweeper will retry", extra={"task_id": task.id})
 
@@ -86,6 +94,7 @@ def submit_task(
     submission.check_rate(principal.tenant_name)
     digest = submission.request_hash(body)
     created = False
+    deliveries: list[str] = []
     try:
         with session.begin():
             existing = idempotency_key and task_store.find_by_idempotency_key(
@@ -100,6 +109,7 @@ def submit_task(
                     spec,
                     idempotency_key=idempotency_key,
                     request_hash=digest,
+                    deliveries=deliveries,
                 )
                 created = True
     except IntegrityError:
@@ -113,7 +123,7 @@ def submit_task(
             raise Conflict("a request with this Idempotency-Key is in progress") from None
         task, created = _replay(existing, digest), False
     if created:
-        _enqueue(task)
+        _after_commit(task, deliveries, run=True)
     else:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/tasks/{task.id}"
@@ -134,14 +144,18 @@ async def get_task(
         Query(ge=0, le=MAX_WAIT_SECONDS, description="long-poll up to N s for a terminal state"),
     ] = 0,
 ) -> TaskView:
-    task = await run_in_threadpool(_read_task, principal.tenant_id, task_id)
+    """The task. With ``wait``, answers as soon as it is terminal, or after ``wait`` seconds."""
     deadline = time.monotonic() + wait
-    delay = 0.05
-    while task.status not in TaskStatus.TERMINAL and time.monotonic() < deadline:
-        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 1.5, 0.5)
-        task = await run_in_threadpool(_read_task, principal.tenant_id, task_id)
-    return task_view(task)
+    async with hub.watch(task_id) as changed:
+        while True:
+            changed.clear()
+            task = await run_in_threadpool(_read_task, principal.tenant_id, task_id)
+            left = deadline - time.monotonic()
+            if task.status in TaskStatus.TERMINAL or left <= 0:
+                return task_view(task)
+            # A wake-up says "look again"; the timeout is only the fallback if one is lost.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=min(left, FALLBACK_POLL_SECONDS))
 
 
 @router.get("", response_model=TaskList)
@@ -186,17 +200,24 @@ def _decode_task_cursor(cursor: str | None) -> str | None:
 @router.post("/{task_id}/cancel", status_code=202, response_model=TaskView)
 def cancel_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
     """Cancel now if no worker holds the task, else at its next commit point. 409 if terminal."""
+    deliveries: list[str] = []
     with session.begin():
-        task = task_store.request_cancel(session, principal.tenant_id, task_id)
+        task = task_store.request_cancel(
+            session, principal.tenant_id, task_id, deliveries=deliveries
+        )
+    _after_commit(task, deliveries)
     return task_view(task)
 
 
 @router.post("/{task_id}/retry", status_code=202, response_model=TaskView)
 def retry_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
     """A failed task resumes from its last committed step. 409 unless failed."""
+    deliveries: list[str] = []
     with session.begin():
-        task = task_store.requeue_failed(session, principal.tenant_id, task_id)
-    _enqueue(task)
+        task = task_store.requeue_failed(
+            session, principal.tenant_id, task_id, deliveries=deliveries
+        )
+    _after_commit(task, deliveries, run=True)
     return task_view(task)
 
 

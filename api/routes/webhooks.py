@@ -1,0 +1,117 @@
+"""Webhook deliveries (the attempt log, redelivery) and the tenant's signing secret."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel
+
+from api.deps import Admin, Reader, SessionDep, Writer
+from shared import outbox, task_store, webhook_secrets
+from shared.errors import InvalidRequest
+from shared.queue import enqueue_deliveries
+from shared.settings import get_settings
+from shared.views import aware
+
+router = APIRouter(tags=["webhooks"])
+
+
+class AttemptOut(BaseModel):
+    number: int
+    started_at: datetime
+    status_code: int | None
+    latency_ms: int
+    error: str | None
+
+
+class DeliveryOut(BaseModel):
+    id: str
+    webhook_id: str
+    event_type: str
+    event_seq: int
+    url: str
+    status: str
+    attempts: list[AttemptOut]
+    next_attempt_at_ms: int | None
+    created_at: datetime
+    delivered_at: datetime | None
+
+
+class DeliveryList(BaseModel):
+    items: list[DeliveryOut]
+    next_cursor: str | None
+
+
+class SecretOut(BaseModel):
+    secret: str
+    previous_valid_until: datetime | None
+
+
+def _out(delivery: Any, attempts: list[Any]) -> DeliveryOut:
+    return DeliveryOut(
+        id=delivery.id,
+        webhook_id=f"msg_{delivery.id}",
+        event_type=delivery.event_type,
+        event_seq=delivery.event_seq,
+        url=delivery.url,
+        status=delivery.status,
+        attempts=[
+            AttemptOut(
+                number=a.number,
+                started_at=aware(a.started_at),
+                status_code=a.status_code,
+                latency_ms=a.latency_ms,
+                error=a.error,
+            )
+            for a in attempts
+        ],
+        next_attempt_at_ms=delivery.next_attempt_ms,
+        created_at=aware(delivery.created_at),
+        delivered_at=aware(delivery.delivered_at),
+    )
+
+
+@router.get("/v1/tasks/{task_id}/webhook-deliveries", response_model=DeliveryList)
+def list_deliveries(
+    task_id: str,
+    principal: Reader,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> DeliveryList:
+    """Every webhook delivery of the task, each with its attempts (status, latency, error)."""
+    after = None
+    if cursor:
+        try:
+            after = task_store.decode_cursor(cursor)
+        except ValueError:
+            raise InvalidRequest("cursor", "not a cursor this API returned") from None
+    with session.begin():
+        task_store.get_task(session, principal.tenant_id, task_id)
+        rows, attempts, last = outbox.list_for_task(session, task_id, after=after, limit=limit)
+        items = [_out(r, attempts[r.id]) for r in rows]
+    return DeliveryList(items=items, next_cursor=task_store.encode_cursor(last) if last else None)
+
+
+@router.post(
+    "/v1/webhook-deliveries/{delivery_id}/redeliver", status_code=202, response_model=DeliveryOut
+)
+def redeliver(delivery_id: str, principal: Writer, session: SessionDep) -> DeliveryOut:
+    """Send the delivery again now, with a fresh retry schedule."""
+    with session.begin():
+        delivery = outbox.redeliver(session, principal.tenant_id, delivery_id)
+        out = _out(delivery, [])
+    enqueue_deliveries([delivery_id])
+    return out
+
+
+@router.post("/v1/webhook-secret/rotate", response_model=SecretOut)
+def rotate_secret(principal: Admin, session: SessionDep) -> SecretOut:
+    """A new signing secret, shown once. The old one keeps signing for the overlap period."""
+    overlap = timedelta(hours=get_settings().webhook_secret_overlap_hours)
+    with session.begin():
+        secret = webhook_secrets.rotate(session, principal.tenant_id, overlap=overlap)
+    now = datetime.now().astimezone()
+    return SecretOut(secret=secret, previous_valid_until=now + overlap)

@@ -1,0 +1,285 @@
+"""The webhook outbox: delivery rows written in the same transaction as the events they carry.
+
+A delivery goes ``pending → sending → delivered | failed | disabled``; ``sending`` is a claim
+with an expiry, so a sender that dies mid-send leaves a row the sweeper hands out again (with
+the same ``webhook-id``, which receivers use to drop duplicates). Retries follow
+``RATCHET_WEBHOOK_RETRY_SCHEDULE`` with jitter; a 410 disables the endpoint.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from shared.db import now_ms
+from shared.errors import NotFound
+from shared.ids import new_id
+from shared.models import Task, WebhookAttempt, WebhookDelivery, WebhookEndpoint, utcnow
+
+PENDING, SENDING, DELIVERED, FAILED, DISABLED = (
+    "pending",
+    "sending",
+    "delivered",
+    "failed",
+    "disabled",
+)
+ENDPOINT_CACHE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Subscription:
+    url: str
+    events: frozenset[str]
+    endpoint_id: str | None = None  # None: the task's own webhook
+
+
+_endpoint_cache: dict[str, tuple[float, list[Subscription]]] = {}
+
+
+def tenant_subscriptions(session: Session, tenant_id: str) -> list[Subscription]:
+    """The tenant's enabled default endpoints (cached for a few seconds per process)."""
+    cached = _endpoint_cache.get(tenant_id)
+    if cached and time.monotonic() - cached[0] < ENDPOINT_CACHE_SECONDS:
+        return cached[1]
+    rows = session.scalars(
+        select(WebhookEndpoint).where(
+            WebhookEndpoint.tenant_id == tenant_id, WebhookEndpoint.enabled.is_(True)
+        )
+    ).all()
+    subscriptions = [Subscription(r.url, frozenset(r.events), r.id) for r in rows]
+    _endpoint_cache[tenant_id] = (time.monotonic(), subscriptions)
+    return subscriptions
+
+
+def subscriptions_for(session: Session, task: Task) -> list[Subscription]:
+    subscriptions = list(tenant_subscriptions(session, task.tenant_id))
+    if task.webhook:
+        subscriptions.append(Subscription(task.webhook["url"], frozenset(task.webhook["events"])))
+    return subscriptions
+
+
+def add_deliveries(
+    session: Session,
+    *,
+    task_id: str,
+    tenant_id: str,
+    subscriptions: Sequence[Subscription],
+    events: Sequence[tuple[int, str, dict[str, Any]]],
+) -> list[str]:
+    """Queue one delivery per (event, subscription) that wants it; returns their ids."""
+    timestamp = datetime.now(UTC).isoformat()
+    rows = [
+        {
+            "id": new_id(),
+            "tenant_id": tenant_id,
+            "task_id": task_id,
+            "endpoint_id": sub.endpoint_id,
+            "event_seq": seq,
+            "event_type": type_,
+            "url": sub.url,
+            "payload": {"type": type_, "timestamp": timestamp, "data": data},
+            "status": PENDING,
+            "attempts": 0,
+            "attempts_base": 0,
+            "created_at": utcnow(),
+        }
+        for seq, type_, data in events
+        for sub in subscriptions
+        if type_ in sub.events
+    ]
+    if rows:
+        session.execute(insert(WebhookDelivery).values(next_attempt_ms=now_ms()), rows)
+    return [str(row["id"]) for row in rows]
+
+
+def claim(session: Session, delivery_id: str, *, claim_ms: int) -> WebhookDelivery | None:
+    """Take a due delivery for sending (or one whose sender's claim expired)."""
+    due = ((WebhookDelivery.status == PENDING) & (WebhookDelivery.next_attempt_ms <= now_ms())) | (
+        (WebhookDelivery.status == SENDING) & (WebhookDelivery.claim_expires_ms < now_ms())
+    )
+    return session.scalars(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery_id, due)
+        .values(
+            status=SENDING,
+            attempts=WebhookDelivery.attempts + 1,
+            claim_expires_ms=now_ms() + claim_ms,
+        )
+        .returning(WebhookDelivery),
+        execution_options={"populate_existing": True, "synchronize_session": False},
+    ).one_or_none()
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    started_at: datetime
+    status_code: int | None
+    latency_ms: int
+    error: str | None
+
+
+def next_delay_seconds(delivery: WebhookDelivery, schedule: Sequence[float]) -> float | None:
+    """Seconds until the next try (with ±20% jitter), or None when the schedule is spent.
+
+    ``schedule[0]`` is the first attempt (normally immediate); the i-th retry waits
+    ``schedule[i]``.
+    """
+    made = delivery.attempts - delivery.attempts_base
+    if made >= len(schedule):
+        return None
+    return float(schedule[made]) * random.uniform(0.8, 1.2)
+
+
+def record_attempt(
+    session: Session,
+    delivery: WebhookDelivery,
+    result: AttemptResult,
+    *,
+    schedule: Sequence[float],
+) -> tuple[str, float | None]:
+    """Log the attempt and move the delivery on; returns (new status, seconds to next try)."""
+    session.add(
+        WebhookAttempt(
+            delivery_id=delivery.id,
+            number=delivery.attempts,
+            started_at=result.started_at,
+            status_code=result.status_code,
+            latency_ms=result.latency_ms,
+            error=result.error,
+        )
+    )
+    code = result.status_code
+    delay: float | None = None
+    values: dict[str, Any] = {
+        "last_status_code": code,
+        "last_error": result.error,
+        "claim_expires_ms": None,
+    }
+    if code is not None and 200 <= code < 300:
+        values |= {"status": DELIVERED, "delivered_at": utcnow(), "next_attempt_ms": None}
+    elif code == 410:
+        values |= {"status": DISABLED, "next_attempt_ms": None}
+        disable_target(session, delivery, reason="the receiver answered 410 Gone")
+    else:
+        delay = next_delay_seconds(delivery, schedule)
+        if delay is None:
+            values |= {"status": FAILED, "next_attempt_ms": None}
+        else:
+            values |= {"status": PENDING, "next_attempt_ms": now_ms() + int(delay * 1000)}
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery.id, WebhookDelivery.status == SENDING)
+        .values(values)
+        .execution_options(synchronize_session=False)
+    )
+    return str(values["status"]), delay
+
+
+def fail_permanently(session: Session, delivery: WebhookDelivery, error: str) -> None:
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery.id)
+        .values(status=FAILED, last_error=error, next_attempt_ms=None, claim_expires_ms=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def disable_target(session: Session, delivery: WebhookDelivery, *, reason: str) -> None:
+    """Stop sending to this receiver: its endpoint, or this task's webhook URL."""
+    if delivery.endpoint_id:
+        session.execute(
+            update(WebhookEndpoint)
+            .where(WebhookEndpoint.id == delivery.endpoint_id)
+            .values(enabled=False, disabled_reason=reason)
+            .execution_options(synchronize_session=False)
+        )
+        _endpoint_cache.pop(delivery.tenant_id, None)
+        same_target = WebhookDelivery.endpoint_id == delivery.endpoint_id
+    else:
+        same_target = (WebhookDelivery.task_id == delivery.task_id) & (
+            WebhookDelivery.url == delivery.url
+        )
+    session.execute(
+        update(WebhookDelivery)
+        .where(same_target, WebhookDelivery.status == PENDING)
+        .values(status=DISABLED, last_error=reason, next_attempt_ms=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def due(session: Session, *, limit: int = 500) -> list[str]:
+    """Deliveries whose time has come, and those whose sender's claim ran out."""
+    clock = now_ms()
+    rows = session.scalars(
+        select(WebhookDelivery.id)
+        .where(
+            ((WebhookDelivery.status == PENDING) & (WebhookDelivery.next_attempt_ms <= clock))
+            | ((WebhookDelivery.status == SENDING) & (WebhookDelivery.claim_expires_ms < clock))
+        )
+        .order_by(WebhookDelivery.next_attempt_ms)
+        .limit(limit)
+    ).all()
+    return list(rows)
+
+
+def redeliver(session: Session, tenant_id: str, delivery_id: str) -> WebhookDelivery:
+    """Send again now, with a fresh retry schedule; the attempt log keeps growing."""
+    delivery = session.scalar(
+        select(WebhookDelivery).where(
+            WebhookDelivery.id == delivery_id, WebhookDelivery.tenant_id == tenant_id
+        )
+    )
+    if delivery is None:
+        raise NotFound(f"no webhook delivery {delivery_id}")
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status != SENDING)
+        .values(
+            status=PENDING,
+            attempts_base=WebhookDelivery.attempts,
+            next_attempt_ms=now_ms(),
+            last_error=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(delivery)
+    return delivery
+
+
+def list_for_task(
+    session: Session, task_id: str, *, after: str | None, limit: int
+) -> tuple[list[WebhookDelivery], dict[str, list[WebhookAttempt]], str | None]:
+    query = select(WebhookDelivery).where(WebhookDelivery.task_id == task_id)
+    if after:
+        query = query.where(WebhookDelivery.id > after)
+    rows = list(session.scalars(query.order_by(WebhookDelivery.id).limit(limit + 1)).all())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    attempts: dict[str, list[WebhookAttempt]] = {r.id: [] for r in rows}
+    if rows:
+        for attempt in session.scalars(
+            select(WebhookAttempt)
+            .where(WebhookAttempt.delivery_id.in_(list(attempts)))
+            .order_by(WebhookAttempt.delivery_id, WebhookAttempt.number)
+        ):
+            attempts[attempt.delivery_id].append(attempt)
+    return rows, attempts, rows[-1].id if more else None
+
+
+def add_endpoint(
+    session: Session, tenant_id: str, *, url: str, events: Sequence[str]
+) -> WebhookEndpoint:
+    endpoint = WebhookEndpoint(
+        id=new_id(), tenant_id=tenant_id, url=url, events=sorted(set(events))
+    )
+    session.add(endpoint)
+    session.flush()
+    _endpoint_cache.pop(tenant_id, None)
+    return endpoint
