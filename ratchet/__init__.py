@@ -4,20 +4,24 @@
   define agents (list the module in ``RATCHET_AGENT_MODULES``).
 - :class:`Settings` and :func:`get_settings` are the configuration.
 - :func:`set_price` tells Ratchet what a model costs.
+- :class:`Client` talks to the HTTP API; :func:`verify_webhook` checks a webhook's signature.
 
 Everything else is internal and may change.
 """
 
+from ratchet.client import Client, verify_webhook
 from shared.pricing import set_price
 from shared.registry import Agent, ToolContext, register_agent, tool
 from shared.settings import Settings, get_settings
 
 __all__ = [
     "Agent",
+    "Client",
     "Settings",
     "ToolContext",
     "get_settings",
     "register_agent",
     "set_price",
     "tool",
+    "verify_webhook",
 ]

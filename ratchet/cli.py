@@ -17,8 +17,10 @@ app = typer.Typer(
 )
 tenants = typer.Typer(no_args_is_help=True, help="Manage tenants.")
 keys = typer.Typer(no_args_is_help=True, help="Manage API keys.")
+webhooks = typer.Typer(no_args_is_help=True, help="Webhook secrets and endpoints.")
 app.add_typer(tenants, name="tenants")
 app.add_typer(keys, name="keys")
+app.add_typer(webhooks, name="webhooks")
 
 
 def _bench() -> typer.Typer:
@@ -148,6 +150,88 @@ def keys_create(
         _err(f"error: {exc}")
         raise typer.Exit(1) from None
     typer.echo(key)
+
+
+@webhooks.command("secret")
+def webhooks_secret(
+    tenant: Annotated[str, typer.Option(help="tenant name")],
+    rotate: Annotated[
+        bool, typer.Option(help="make a new secret; the old one keeps signing for the overlap")
+    ] = False,
+) -> None:
+    """Print the tenant's current webhook signing secret (alone on stdout)."""
+    from datetime import timedelta
+
+    from shared import webhook_secrets
+    from shared.db import require_migrated, transaction
+    from shared.errors import RatchetError
+    from shared.settings import get_settings
+    from shared.tenants import get_tenant_by_name
+
+    require_migrated()
+    overlap = timedelta(hours=get_settings().webhook_secret_overlap_hours)
+    try:
+        with transaction() as session:
+            tenant_id = get_tenant_by_name(session, tenant).id
+            if rotate:
+                secret = webhook_secrets.rotate(session, tenant_id, overlap=overlap)
+            else:
+                secret = webhook_secrets.current(session, tenant_id)
+    except RatchetError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(1) from None
+    if rotate:
+        _err(f"rotated; the previous secret keeps signing for {overlap}")
+    typer.echo(secret)
+
+
+@webhooks.command("add-endpoint")
+def webhooks_add_endpoint(
+    tenant: Annotated[str, typer.Option(help="tenant name")],
+    url: Annotated[str, typer.Option(help="the receiver's URL (https)")],
+    event: Annotated[
+        list[str] | None, typer.Option(help="event types (default: terminal ones)")
+    ] = None,
+) -> None:
+    """Add a default endpoint: it receives these events of every task of the tenant."""
+    from shared import outbox
+    from shared.db import require_migrated, transaction
+    from shared.egress import check_url
+    from shared.errors import RatchetError
+    from shared.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
+    from shared.settings import get_settings
+    from shared.tenants import get_tenant_by_name
+
+    require_migrated()
+    events = event or list(TERMINAL_EVENT_TYPES)
+    unknown = sorted(set(events) - set(EVENT_TYPES))
+    if unknown:
+        _err(f"error: unknown event type(s) {', '.join(unknown)}")
+        raise typer.Exit(2)
+    try:
+        check_url(url, allowed_hosts=get_settings().webhook_allowed_hosts, https_only=True)
+        with transaction() as session:
+            tenant_id = get_tenant_by_name(session, tenant).id
+            endpoint = outbox.add_endpoint(session, tenant_id, url=url, events=events)
+    except RatchetError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(1) from None
+    typer.echo(endpoint.id)
+
+
+@app.command()
+def tail(task_id: str, after: int = 0) -> None:
+    """Print a task's events as they happen (RATCHET_URL, RATCHET_KEY), until it ends."""
+    from ratchet.client import Client
+
+    url = os.environ.get("RATCHET_URL", "http://127.0.0.1:8000")
+    key = os.environ.get("RATCHET_KEY")
+    if not key:
+        _err("set RATCHET_KEY to an API key (and RATCHET_URL if not http://127.0.0.1:8000)")
+        raise typer.Exit(2)
+    with Client(url, key) as client:
+        for event in client.events(task_id, after=after):
+            typer.echo(f"{event.seq:>4} {event.type:<22} {json.dumps(event.data)}")
 
 
 def _client() -> httpx.Client:

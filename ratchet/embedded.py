@@ -14,8 +14,8 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy.orm import Session
 
 from shared.db import migrate, transaction
-from shared.queue import webhook_queue
 from shared.errors import NotFound
+from shared.queue import webhook_queue
 from shared.settings import get_settings
 from shared.tenants import authenticate, create_key, create_tenant, get_tenant_by_name
 
