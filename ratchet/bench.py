@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import typer
@@ -371,3 +372,181 @@ def limiter(
             },
         },
     )
+
+
+# --- delivery ----------------------------------------------------------------------------
+
+
+class _Receiver:
+    """A local webhook receiver that notes when each task's terminal webhook arrived."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        received = self.received = {}  # type: dict[str, float]
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                arrived = time.time()
+                payload = json.loads(body)
+                received.setdefault(payload["data"]["id"], arrived)
+                self.send_response(204)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def _stack(env: dict[str, str], *, concurrency: int) -> Iterator[str]:
+    import subprocess
+    import sys
+
+    import httpx
+
+    port = _free_port()
+    command = [sys.executable, "-m", "ratchet"]
+    procs = [
+        subprocess.Popen(
+            [*command, "api", "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [*command, "worker", "--concurrency", str(concurrency), "--loglevel", "WARNING"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        time.sleep(3)  # let the worker connect to the broker
+        yield url
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _watch_sse(
+    url: str, key: str, task_id: str, seen: dict[str, float], ready: threading.Event
+) -> None:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream(
+        "GET", f"{url}/v1/tasks/{task_id}/events", headers=headers, timeout=60
+    ) as response:
+        ready.set()
+        for line in response.iter_lines():
+            if line.startswith("event: task.") and line.split(": ", 1)[1] in (
+                "task.succeeded",
+                "task.failed",
+                "task.cancelled",
+            ):
+                seen[task_id] = time.time()
+                return
+
+
+def _round(url: str, key: str, receiver: _Receiver, tasks: int) -> tuple[list[float], list[float]]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {
+        "input": "benchmark",
+        "model": "scripted",
+        "model_options": {"script": [{"content": "done", "delay_ms": 500}]},
+        "webhook": {"url": receiver.url, "events": ["task.succeeded"]},
+    }
+    sse_seen: dict[str, float] = {}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        ids = [client.post("/v1/tasks", json=body).json()["id"] for _ in range(tasks)]
+        watchers = []
+        for task_id in ids:
+            ready = threading.Event()
+            thread = threading.Thread(
+                target=_watch_sse, args=(url, key, task_id, sse_seen, ready), daemon=True
+            )
+            thread.start()
+            watchers.append((thread, ready))
+        for thread, _ in watchers:
+            thread.join(timeout=60)
+        deadline = time.time() + 30
+        while time.time() < deadline and not all(i in receiver.received for i in ids):
+            time.sleep(0.05)
+        finished = {}
+        for task_id in ids:
+            task = client.get(f"/v1/tasks/{task_id}").json()
+            finished[task_id] = datetime.fromisoformat(task["finished_at"]).timestamp()
+    webhook = [(receiver.received[i] - finished[i]) * 1000 for i in ids if i in receiver.received]
+    sse = [(sse_seen[i] - finished[i]) * 1000 for i in ids if i in sse_seen]
+    return webhook, sse
+
+
+@app.command()
+def delivery(
+    rounds_single: int = typer.Option(30, help="rounds of one task"),
+    rounds_batch: int = typer.Option(3, help="rounds of 50 concurrent tasks"),
+    concurrency: int = typer.Option(4, help="worker processes"),
+) -> None:
+    """Terminal commit → webhook received and → SSE event received, at 1 and 50 tasks."""
+    from shared.db import require_migrated, transaction
+    from shared.tenants import create_key, create_tenant
+
+    require_migrated()
+    receiver = _Receiver()
+    env = dict(os.environ)
+    env["RATCHET_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"
+    env["RATCHET_QUEUE_NAME"] = f"bench-{uuid.uuid4().hex[:8]}"
+    with transaction() as session:
+        tenant = create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}")
+        key = create_key(session, tenant, ("tasks:read", "tasks:write"))
+        tenant_id = tenant.id
+    results: dict[str, Any] = {}
+    try:
+        with _stack(env, concurrency=concurrency) as url:
+            for label, tasks, rounds in (("1", 1, rounds_single), ("50", 50, rounds_batch)):
+                webhook: list[float] = []
+                sse: list[float] = []
+                for _ in range(rounds):
+                    got_webhook, got_sse = _round(url, key, receiver, tasks)
+                    webhook += got_webhook
+                    sse += got_sse
+                results[label] = {
+                    "webhook_ms": summary(webhook),
+                    "sse_ms": summary(sse),
+                    "expected": tasks * rounds,
+                }
+    finally:
+        receiver.server.shutdown()
+        _cleanup(tenant_id)
+    emit("delivery", {"concurrent_tasks": results, "target": "p50 <= 50 ms, p99 <= 250 ms"})

@@ -32,12 +32,12 @@ from shared.db import transaction
 from shared.errors import CancelRequested, LeaseLost, ModelError
 from shared.models import Step, Task, TaskStatus, Tenant, ToolCall, utcnow
 from shared.pricing import cost_usd
-from shared.queue import enqueue_deliveries, enqueue_step
+from shared.queue import enqueue_step
 from shared.registry import Agent, Tool, ToolContext, get_agent, get_registry
 from shared.settings import get_settings
 from shared.task_store import Lease, LeaseRefused
 from shared.views import task_document
-from workers import heartbeat, model_calls, tool_runner
+from workers import heartbeat, model_calls, tool_runner, webhook_sender
 from workers.models import ModelRequest, ModelResponse, ToolCallRequest, get_provider
 from workers.models.base import Message, ToolSchema
 
@@ -106,12 +106,8 @@ def advance(task_id: str, step: int | None = None) -> None:
 def after_commit(task_id: str, deliveries: list[str]) -> None:
     """Once events are committed: send their webhooks and wake their readers. Neither may
     fail the step: the sweeper re-sends due deliveries, and readers poll as a fallback."""
-    if deliveries:
-        try:
-            enqueue_deliveries(deliveries)
-        except Exception:
-            log.warning("webhook dispatch failed; the sweeper will send them", exc_info=True)
     notify.publish([task_id])
+    webhook_sender.dispatch(deliveries)
 
 
 @dataclass

@@ -8,6 +8,7 @@ address is the one connected to.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import threading
@@ -39,6 +40,35 @@ def _client() -> httpx.Client:
         )
         _local.client = client
     return client
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def dispatch(delivery_ids: list[str]) -> None:
+    """Send these deliveries from a background thread of this process, right away.
+
+    The step that committed them does not wait; if this process dies first, the rows are
+    still pending and the sweeper hands them to another worker.
+    """
+    global _pool  # noqa: PLW0603 - one sender pool per process, made after any fork
+    if not delivery_ids:
+        return
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=4, thread_name_prefix="webhook"
+            )
+    for delivery_id in delivery_ids:
+        _pool.submit(_deliver_logged, delivery_id)
+
+
+def _deliver_logged(delivery_id: str) -> None:
+    try:
+        deliver(delivery_id)
+    except Exception:
+        log.exception("webhook delivery %s failed; the sweeper will retry it", delivery_id)
 
 
 def deliver(delivery_id: str) -> str | None:

@@ -43,6 +43,11 @@ def _read(tenant_id: str, task_id: str, after: int) -> Batch:
         return events, task.status in TaskStatus.TERMINAL
 
 
+def _check_exists(tenant_id: str, task_id: str) -> None:
+    with get_sessionmaker()() as session, session.begin():
+        task_store.get_task(session, tenant_id, task_id)
+
+
 def _start(after: int | None, last_event_id: str | None) -> int:
     if after is not None:
         return after
@@ -85,7 +90,7 @@ async def stream_events(
 ) -> StreamingResponse:
     """Server-sent events: ``id: <seq>``, ``event: <type>``, ``data: <json>``."""
     start = _start(after, last_event_id)
-    await run_in_threadpool(_read, principal.tenant_id, task_id, 2**62)  # 404 before streaming
+    await run_in_threadpool(_check_exists, principal.tenant_id, task_id)  # 404 before streaming
     return StreamingResponse(
         _stream(request, principal.tenant_id, task_id, start),
         media_type="text/event-stream",

@@ -1,0 +1,3 @@
+from ratchet.cli import app
+
+app(prog_name="ratchet")
