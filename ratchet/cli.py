@@ -73,14 +73,16 @@ def worker(
     # RATCHET_SHUTDOWN_GRACE_SECONDS, then their messages go back on the queue. Celery reads
     # this when its worker module loads, so it is set before anything imports it.
     os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
-    from shared.db import require_migrated
-    from workers.app import app as celery_app
-
-    require_migrated()
-    from shared.queue import webhook_queue
     from shared.settings import get_settings
 
     settings = get_settings()
+    if settings.worker_metrics_port:
+        _serve_worker_metrics(settings.worker_metrics_port)
+    from shared.db import require_migrated
+    from shared.queue import webhook_queue
+    from workers.app import app as celery_app
+
+    require_migrated()
     queues = f"{webhook_queue(settings)},{settings.queue_name}"
     argv = ["worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={loglevel}"]
     argv.append(f"--queues={queues}")
@@ -88,6 +90,21 @@ def worker(
     if hostname:
         argv.append(f"--hostname={hostname}")
     celery_app.worker_main(argv)
+
+
+def _serve_worker_metrics(port: int) -> None:
+    """Serve the metrics of this worker and its prefork children (multiprocess mode: each
+    process writes its own files, this server adds them up)."""
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="ratchet-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # before prometheus_client loads
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    start_http_server(port, registry=registry)
+    _err(f"worker metrics on :{port}/metrics")
 
 
 @app.command()

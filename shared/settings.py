@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     visibility_timeout_seconds: int = Field(3600, ge=60)
     step_time_limit_seconds: int = Field(900, ge=10)
     shutdown_grace_seconds: float = Field(20.0, ge=0)
+    worker_metrics_port: int = Field(0, ge=0, le=65535)  # 0: no metrics server
     sweep_interval_seconds: float = Field(5.0, gt=0)
     sweep_grace_seconds: float = Field(30.0, ge=0)
 

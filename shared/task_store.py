@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, insert, select, update
 from sqlalchemy.orm import Session
 
-from shared import outbox
+from shared import metrics, outbox
 from shared.db import now_ms
 from shared.errors import CancelRequested, Conflict, LeaseLost, NotFound
 from shared.ids import new_id
@@ -345,6 +345,8 @@ def write(
     CancelRequested if the client asked to cancel (unless ``honour_cancel`` is False).
     Returns the webhook deliveries its events queued, to be sent once it commits.
     """
+    if values and values.get("status") in TaskStatus.TERMINAL:
+        metrics.tasks_finished.labels(status=values["status"]).inc()
     condition = _held(lease)
     if honour_cancel:
         condition &= Task.cancel_requested.is_(False)

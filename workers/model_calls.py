@@ -18,7 +18,7 @@ from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from shared import limits
+from shared import limits, metrics
 from shared.errors import ModelError, ModelRateLimited, ModelTransientError
 from shared.rate_limiter import LimiterUnavailable, Take, get_limiter
 from shared.settings import get_settings
@@ -109,17 +109,24 @@ def limited_call(
     """One provider call inside every bucket that applies; the buckets see the real usage."""
     takes = limits.call_takes(model, tenant, estimate_request_tokens(request))
     wait_for_capacity(takes, model)
+    started = time.perf_counter()
     try:
         response = provider.complete(request)
     except ModelRateLimited as exc:
+        metrics.model_calls.labels(model=model, outcome="rate_limited").inc()
         pause = exc.retry_after or get_settings().provider_block_default_seconds
         _safely(lambda: get_limiter().block(model, pause))
         _refund(takes)
         log.warning("%s answered 429: pausing it fleet-wide for %.1f s", model, pause)
         raise
-    except ModelError:
+    except ModelError as exc:
+        metrics.model_calls.labels(model=model, outcome=exc.error_type).inc()
         _refund(takes)
         raise
+    metrics.model_calls.labels(model=model, outcome="ok").inc()
+    metrics.model_seconds.labels(model=model).observe(time.perf_counter() - started)
+    metrics.model_tokens.labels(model=model, kind="input").inc(response.input_tokens)
+    metrics.model_tokens.labels(model=model, kind="output").inc(response.output_tokens)
     used = response.input_tokens + response.output_tokens
     for take in takes:
         if take.bucket.scope.endswith(":tokens"):
@@ -141,7 +148,11 @@ def wait_for_capacity(takes: list[Take], model: str) -> None:
                 reason={"reason": "limiter_unavailable", "detail": str(exc)},
             ) from exc
         if decision.allowed:
+            metrics.limiter_decisions.labels(scope=model, decision="allowed").inc()
             return
+        scope = decision.scope or model
+        metrics.limiter_decisions.labels(scope=scope, decision="denied").inc()
+        metrics.limiter_wait_seconds.labels(scope=scope).inc(decision.retry_after_ms / 1000)
         if decision.retry_after_ms > inline_ms:
             reason = {
                 "reason": "rate_limited",

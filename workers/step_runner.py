@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared import checkpoints, failpoints, ledger, notify, outbox, task_store
+from shared import checkpoints, failpoints, ledger, metrics, notify, outbox, task_store
 from shared.db import transaction
 from shared.errors import CancelRequested, LeaseLost, ModelError
 from shared.models import Step, Task, TaskStatus, Tenant, ToolCall, utcnow
@@ -91,14 +91,20 @@ def advance(task_id: str, step: int | None = None) -> None:
     if lease.started:
         after_commit(task_id, list(lease.deliveries))
     extra = {"task_id": task_id, "step": lease.step, "lease_epoch": lease.epoch}
+    started, outcome = time.perf_counter(), "ended"
     try:
         with heartbeat.kept(lease):
             finished = run_step(ctx)
+        outcome = "finished" if finished else "committed"
     except LeaseLost as exc:
+        outcome = "fenced"
         log.warning("fenced: %s", exc, extra=extra)
         return
     except TaskEnded:
         return
+    finally:
+        metrics.steps.labels(outcome=outcome).inc()
+        metrics.step_seconds.observe(time.perf_counter() - started)
     if not finished:
         enqueue_step(task_id, lease.step + 1)
 
@@ -461,6 +467,7 @@ def record_outcome(
     ``end_task`` (an error) the task fails in it."""
     lease = ctx.lease
     status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
+    metrics.tool_calls.labels(tool=name, status=status).inc()
     event = {
         "step": lease.step,
         "call_id": call_id,

@@ -16,7 +16,7 @@ import time
 
 import httpx
 
-from shared import outbox, webhook_secrets
+from shared import metrics, outbox, webhook_secrets
 from shared.db import transaction
 from shared.egress import check_url, pinned_request
 from shared.errors import EgressDenied
@@ -119,6 +119,8 @@ def deliver(delivery_id: str) -> str | None:
         status, delay = outbox.record_attempt(
             session, delivery, result, schedule=settings.webhook_retry_schedule
         )
+    metrics.webhook_attempts.labels(outcome=status).inc()
+    metrics.webhook_seconds.observe(result.latency_ms / 1000)
     if delay is not None and delay <= settings.visibility_timeout_seconds / 2:
         try:
             enqueue_deliveries([delivery.id], delay_s=delay)

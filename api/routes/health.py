@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from api.problems import problem
@@ -17,6 +18,12 @@ router = APIRouter(tags=["health"])
 def healthz() -> dict[str, str]:
     """The process is up."""
     return {"status": "ok"}
+
+
+@router.get("/metrics", response_class=Response, include_in_schema=False)
+def metrics() -> Response:
+    """Prometheus metrics of this API process."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/readyz", response_model=None)

@@ -20,7 +20,7 @@ from api import submission
 from api.deps import Reader, SessionDep, Writer
 from api.event_hub import hub
 from api.schemas import StepList, StepOut, TaskCreate, TaskList, ToolCallOut
-from shared import checkpoints, ledger, notify, task_store
+from shared import checkpoints, ledger, metrics, notify, task_store
 from shared.db import get_sessionmaker
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
 from shared.models import Step, Task, TaskStatus, ToolCall
@@ -123,6 +123,7 @@ def submit_task(
             raise Conflict("a request with this Idempotency-Key is in progress") from None
         task, created = _replay(existing, digest), False
     if created:
+        metrics.tasks_submitted.inc()
         _after_commit(task, deliveries, run=True)
     else:
         response.headers["Idempotent-Replayed"] = "true"
