@@ -80,6 +80,7 @@ class TaskList(BaseModel):
 
 class ToolCallOut(BaseModel):
     id: str
+    provider_call_id: str
     name: str
     arguments: dict[str, Any]
     status: str

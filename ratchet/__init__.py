@@ -9,7 +9,7 @@
 Everything else is internal and may change.
 """
 
-from ratchet.client import Client, verify_webhook
+from ratchet.client import Client, RatchetAPIError, WebhookVerificationError, verify_webhook
 from shared.pricing import set_price
 from shared.registry import Agent, ToolContext, register_agent, tool
 from shared.settings import Settings, get_settings
@@ -17,8 +17,10 @@ from shared.settings import Settings, get_settings
 __all__ = [
     "Agent",
     "Client",
+    "RatchetAPIError",
     "Settings",
     "ToolContext",
+    "WebhookVerificationError",
     "get_settings",
     "register_agent",
     "set_price",

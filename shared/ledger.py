@@ -21,6 +21,11 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 
 
+def call_id(step: int, position: int) -> str:
+    """The call's id everywhere Ratchet names it: "<step>-<position in the model's answer>"."""
+    return f"{step}-{position}"
+
+
 def idempotency_key(task_id: str, call_id: str) -> str:
     return f"{task_id}:{call_id}"
 

@@ -60,7 +60,7 @@ def tenant_subscriptions(session: Session, tenant_id: str) -> list[Subscription]
 
 def subscriptions_for(session: Session, task: Task) -> list[Subscription]:
     subscriptions = list(tenant_subscriptions(session, task.tenant_id))
-    if task.webhook:
+    if task.webhook and not task.webhook.get("disabled_reason"):
         subscriptions.append(Subscription(task.webhook["url"], frozenset(task.webhook["events"])))
     return subscriptions
 
@@ -73,7 +73,13 @@ def add_deliveries(
     subscriptions: Sequence[Subscription],
     events: Sequence[tuple[int, str, dict[str, Any]]],
 ) -> list[str]:
-    """Queue one delivery per (event, subscription) that wants it; returns their ids."""
+    """Queue one delivery per (event, subscription) that wants it; returns their ids.
+
+    The first attempt is due after the schedule's first entry (normally 0: at once).
+    """
+    from shared.settings import get_settings
+
+    first_delay_ms = int(get_settings().webhook_retry_schedule[0] * 1000)
     timestamp = datetime.now(UTC).isoformat()
     rows = [
         {
@@ -95,7 +101,9 @@ def add_deliveries(
         if type_ in sub.events
     ]
     if rows:
-        session.execute(insert(WebhookDelivery).values(next_attempt_ms=now_ms()), rows)
+        session.execute(
+            insert(WebhookDelivery).values(next_attempt_ms=now_ms() + first_delay_ms), rows
+        )
     return [str(row["id"]) for row in rows]
 
 
@@ -128,8 +136,8 @@ class AttemptResult:
 def next_delay_seconds(delivery: WebhookDelivery, schedule: Sequence[float]) -> float | None:
     """Seconds until the next try (with ±20% jitter), or None when the schedule is spent.
 
-    ``schedule[0]`` is the first attempt (normally immediate); the i-th retry waits
-    ``schedule[i]``.
+    ``schedule[0]`` is the wait before the first attempt (see add_deliveries); after the
+    i-th attempt the next one waits ``schedule[i]``.
     """
     made = delivery.attempts - delivery.attempts_base
     if made >= len(schedule):
@@ -203,6 +211,9 @@ def disable_target(session: Session, delivery: WebhookDelivery, *, reason: str) 
         _endpoint_cache.pop(delivery.tenant_id, None)
         same_target = WebhookDelivery.endpoint_id == delivery.endpoint_id
     else:
+        task = session.get(Task, delivery.task_id)
+        if task is not None and task.webhook:  # later events of the task skip this URL
+            task.webhook = {**task.webhook, "disabled_reason": reason}
         same_target = (WebhookDelivery.task_id == delivery.task_id) & (
             WebhookDelivery.url == delivery.url
         )

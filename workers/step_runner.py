@@ -358,8 +358,11 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     values = task_store.usage_values(
         input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost
     )
+    said = response.to_dict()
+    for position, call in enumerate(said["tool_calls"]):
+        call["call_id"] = ledger.call_id(lease.step, position)  # the id the ledger and API use
     events: list[task_store.EventSpec] = [
-        ("step.model_response", {"step": lease.step, **response.to_dict(), "usage": usage})
+        ("step.model_response", {"step": lease.step, **said, "usage": usage})
     ]
     over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
     final = not response.tool_calls and not over_budget
@@ -404,7 +407,7 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     returns whether that happened.
     """
     lease = ctx.lease
-    call_id = f"{lease.step}-{position}"
+    call_id = ledger.call_id(lease.step, position)
     row = ctx.calls.get(call_id)
     if row is not None and row.status != ledger.STARTED:
         return False

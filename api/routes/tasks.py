@@ -260,6 +260,7 @@ def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:
         tool_calls=[
             ToolCallOut(
                 id=c.call_id,
+                provider_call_id=c.provider_call_id,
                 name=c.tool,
                 arguments=c.arguments,
                 status=c.status,
