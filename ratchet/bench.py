@@ -512,6 +512,25 @@ def _round(url: str, key: str, receiver: _Receiver, tasks: int) -> tuple[list[fl
     return webhook, sse
 
 
+def _bare_posts(receiver: _Receiver, samples: int) -> list[float]:
+    """The baseline: one plain POST of a task-sized body to the same receiver, keep-alive."""
+    import httpx
+
+    body = {
+        "type": "task.succeeded",
+        "timestamp": "",
+        "data": {"id": "baseline", "result": "x" * 400},
+    }
+    timings = []
+    with httpx.Client() as client:
+        for i in range(samples):
+            body["data"]["id"] = f"baseline-{i}"
+            started = time.perf_counter()
+            client.post(receiver.url, json=body)
+            timings.append((time.perf_counter() - started) * 1000)
+    return timings
+
+
 @app.command()
 def delivery(
     rounds_single: int = typer.Option(30, help="rounds of one task"),
@@ -532,6 +551,7 @@ def delivery(
         key = create_key(session, tenant, ("tasks:read", "tasks:write"))
         tenant_id = tenant.id
     results: dict[str, Any] = {}
+    baseline = summary(_bare_posts(receiver, 200))
     try:
         with _stack(env, concurrency=concurrency) as url:
             for label, tasks, rounds in (("1", 1, rounds_single), ("50", 50, rounds_batch)):
@@ -546,7 +566,18 @@ def delivery(
                     "sse_ms": summary(sse),
                     "expected": tasks * rounds,
                 }
+                results[label]["webhook_ratio_p50"] = (
+                    results[label]["webhook_ms"]["p50"] / baseline["p50"]
+                )
+                results[label]["sse_ratio_p50"] = results[label]["sse_ms"]["p50"] / baseline["p50"]
     finally:
         receiver.server.shutdown()
         _cleanup(tenant_id)
-    emit("delivery", {"concurrent_tasks": results, "target": "p50 <= 50 ms, p99 <= 250 ms"})
+    emit(
+        "delivery",
+        {
+            "baseline_bare_post_ms": baseline,
+            "concurrent_tasks": results,
+            "target": "p50 <= 50 ms, p99 <= 250 ms",
+        },
+    )
