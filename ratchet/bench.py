@@ -516,15 +516,11 @@ def _bare_posts(receiver: _Receiver, samples: int) -> list[float]:
     """The baseline: one plain POST of a task-sized body to the same receiver, keep-alive."""
     import httpx
 
-    body = {
-        "type": "task.succeeded",
-        "timestamp": "",
-        "data": {"id": "baseline", "result": "x" * 400},
-    }
     timings = []
     with httpx.Client() as client:
         for i in range(samples):
-            body["data"]["id"] = f"baseline-{i}"
+            data = {"id": f"baseline-{i}", "result": "x" * 400}
+            body = {"type": "task.succeeded", "timestamp": "", "data": data}
             started = time.perf_counter()
             client.post(receiver.url, json=body)
             timings.append((time.perf_counter() - started) * 1000)
