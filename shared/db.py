@@ -73,10 +73,19 @@ def reset_engines() -> None:
     for (_, pid), engine in list(_engines.items()):
         engine.dispose(close=pid == os.getpid())
     _engines.clear()
+    _sessionmakers.clear()
+
+
+_sessionmakers: dict[int, sessionmaker[Session]] = {}
 
 
 def get_sessionmaker() -> sessionmaker[Session]:
-    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+    """One sessionmaker per engine: making one builds a Session subclass, which is costly."""
+    engine = get_engine()
+    maker = _sessionmakers.get(id(engine))
+    if maker is None or maker.kw.get("bind") is not engine:
+        maker = _sessionmakers[id(engine)] = sessionmaker(bind=engine, expire_on_commit=False)
+    return maker
 
 
 @contextmanager

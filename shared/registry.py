@@ -11,6 +11,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -43,7 +44,7 @@ class Tool:
     on_unknown_outcome: UnknownOutcomePolicy = "fail"
     wants_context: bool = False
 
-    @property
+    @cached_property
     def parameters_schema(self) -> dict[str, Any]:
         schema = self.arguments_model.model_json_schema()
         schema.pop("title", None)
