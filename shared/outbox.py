@@ -190,6 +190,32 @@ def record_attempt(
     return str(values["status"]), delay
 
 
+def target_disabled(session: Session, delivery: WebhookDelivery) -> str | None:
+    """Why the receiver of this delivery was disabled (by a 410), or None.
+
+    Checked at send time: another process may have disabled it after this row was queued.
+    """
+    if delivery.endpoint_id:
+        endpoint = session.get(WebhookEndpoint, delivery.endpoint_id)
+        if endpoint is None:
+            return "the endpoint was removed"
+        return None if endpoint.enabled else endpoint.disabled_reason or "the endpoint is disabled"
+    webhook = session.scalar(select(Task.webhook).where(Task.id == delivery.task_id))
+    if webhook and webhook.get("url") == delivery.url:
+        reason = webhook.get("disabled_reason")
+        return str(reason) if reason else None
+    return None
+
+
+def mark_disabled(session: Session, delivery: WebhookDelivery, reason: str) -> None:
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery.id)
+        .values(status=DISABLED, last_error=reason, next_attempt_ms=None, claim_expires_ms=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def fail_permanently(session: Session, delivery: WebhookDelivery, error: str) -> None:
     session.execute(
         update(WebhookDelivery)

@@ -78,6 +78,10 @@ def deliver(delivery_id: str) -> str | None:
         delivery = outbox.claim(session, delivery_id, claim_ms=CLAIM_MS)
         if delivery is None:
             return None
+        disabled = outbox.target_disabled(session, delivery)
+        if disabled:
+            outbox.mark_disabled(session, delivery, disabled)
+            return outbox.DISABLED
         secrets = webhook_secrets.signing(session, delivery.tenant_id)
     try:
         destination = check_url(
