@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.models import Step, ToolCall, utcnow
@@ -62,29 +62,27 @@ def get_step(session: Session, task_id: str, number: int) -> Step | None:
 
 def record_model_response(
     session: Session, lease: Lease, call: ModelCall, *, final: bool = False
-) -> Step:
+) -> None:
     """Checkpoint the model's answer for ``lease.step``; the caller has fenced the lease.
 
     A ``final`` answer (no tool calls) completes its step in the same write.
     """
     now = utcnow()
-    step = Step(
-        task_id=lease.task_id,
-        number=lease.step,
-        status=COMPLETED if final else MODEL_RESPONDED,
-        response=call.response,
-        input_tokens=call.input_tokens,
-        output_tokens=call.output_tokens,
-        cost_usd=call.cost_usd,
-        model_latency_ms=call.latency_ms,
-        lease_epoch=lease.epoch,
-        started_at=call.started_at,
-        model_completed_at=now,
-        completed_at=now if final else None,
-    )
-    session.add(step)
-    session.flush()
-    return step
+    step = {
+        "task_id": lease.task_id,
+        "number": lease.step,
+        "status": COMPLETED if final else MODEL_RESPONDED,
+        "response": call.response,
+        "input_tokens": call.input_tokens,
+        "output_tokens": call.output_tokens,
+        "cost_usd": call.cost_usd,
+        "model_latency_ms": call.latency_ms,
+        "lease_epoch": lease.epoch,
+        "started_at": call.started_at,
+        "model_completed_at": now,
+        "completed_at": now if final else None,
+    }
+    session.execute(insert(cast(Table, Step.__table__)).values(step))
 
 
 def complete_step(session: Session, lease: Lease) -> None:

@@ -8,9 +8,9 @@ unknown.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.models import ToolCall, utcnow
@@ -56,25 +56,23 @@ def start_call(
     provider_call_id: str,
     tool: str,
     arguments: dict[str, Any],
-) -> ToolCall:
+) -> None:
     """Insert the ``started`` row; the unique (task, call id) turns a duplicate away."""
-    row = ToolCall(
-        task_id=lease.task_id,
-        step_number=lease.step,
-        position=position,
-        call_id=call_id,
-        provider_call_id=provider_call_id,
-        tool=tool,
-        arguments=arguments,
-        status=STARTED,
-        idempotency_key=idempotency_key(lease.task_id, call_id),
-        runs=1,
-        lease_epoch=lease.epoch,
-        started_at=utcnow(),
-    )
-    session.add(row)
-    session.flush()
-    return row
+    row = {
+        "task_id": lease.task_id,
+        "step_number": lease.step,
+        "position": position,
+        "call_id": call_id,
+        "provider_call_id": provider_call_id,
+        "tool": tool,
+        "arguments": arguments,
+        "status": STARTED,
+        "idempotency_key": idempotency_key(lease.task_id, call_id),
+        "runs": 1,
+        "lease_epoch": lease.epoch,
+        "started_at": utcnow(),
+    }
+    session.execute(insert(cast(Table, ToolCall.__table__)).values(row))
 
 
 def restart_call(session: Session, lease: Lease, call_id: str) -> None:

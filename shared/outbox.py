@@ -13,15 +13,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.db import now_ms
 from shared.errors import NotFound
 from shared.ids import new_id
 from shared.models import Task, WebhookAttempt, WebhookDelivery, WebhookEndpoint, utcnow
+from shared.views import TaskState
 
 PENDING, SENDING, DELIVERED, FAILED, DISABLED = (
     "pending",
@@ -58,7 +59,7 @@ def tenant_subscriptions(session: Session, tenant_id: str) -> list[Subscription]
     return subscriptions
 
 
-def subscriptions_for(session: Session, task: Task) -> list[Subscription]:
+def subscriptions_for(session: Session, task: TaskState) -> list[Subscription]:
     subscriptions = list(tenant_subscriptions(session, task.tenant_id))
     if task.webhook and not task.webhook.get("disabled_reason"):
         subscriptions.append(Subscription(task.webhook["url"], frozenset(task.webhook["events"])))
@@ -102,7 +103,10 @@ def add_deliveries(
     ]
     if rows:
         session.execute(
-            insert(WebhookDelivery).values(next_attempt_ms=now_ms() + first_delay_ms), rows
+            insert(cast(Table, WebhookDelivery.__table__)).values(
+                next_attempt_ms=now_ms() + first_delay_ms
+            ),
+            rows,
         )
     return [str(row["id"]) for row in rows]
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, case, insert, select, update
+from sqlalchemy import ColumnElement, Table, case, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared import metrics, outbox
@@ -19,7 +19,10 @@ from shared.db import now_ms
 from shared.errors import CancelRequested, Conflict, LeaseLost, NotFound
 from shared.ids import new_id
 from shared.models import Task, TaskEvent, TaskStatus, utcnow
-from shared.views import aware, task_document
+from shared.views import TaskState, aware, task_document
+
+# A task row as a write returns it: every column, "metadata" under its attribute name.
+TASK_COLUMNS = [c.label("meta") if c.name == "metadata" else c for c in Task.__table__.columns]
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Lease:
     clock_ms: int = 0  # the database clock when the lease was taken
     started: bool = False  # this lease started the task (and logged task.started)
     deliveries: tuple[str, ...] = ()  # webhook deliveries queued by that event
+    task: TaskState | None = field(default=None, compare=False, repr=False)  # as leased
 
 
 @dataclass(frozen=True)
@@ -196,16 +200,15 @@ def take_lease(
             updated_at=now,
             last_event_seq=Task.last_event_seq + case((queued, 1), else_=0),
         )
-        .returning(Task, now_ms())
+        .returning(*TASK_COLUMNS, now_ms().label("clock_ms"))
+        .execution_options(synchronize_session=False)
     )
     if step is not None:
         query = query.where(Task.steps == step - 1)
-    row = session.execute(
-        query, execution_options={"populate_existing": True, "synchronize_session": False}
-    ).one_or_none()
+    row = session.execute(query).one_or_none()
     if row is None:
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
-    leased, clock = row
+    leased, clock = cast(TaskState, row), row.clock_ms
     deliveries: list[str] = []
     started = aware(leased.started_at) == now
     if started:  # it was queued: this lease starts it
@@ -226,6 +229,7 @@ def take_lease(
         clock_ms=int(clock),
         started=started,
         deliveries=tuple(deliveries),
+        task=leased,
     )
 
 
@@ -285,14 +289,14 @@ def _held(lease: Lease) -> ColumnElement[bool]:
     )
 
 
-EventSpec = tuple[str, dict[str, Any] | Callable[[Task], dict[str, Any]]]
+EventSpec = tuple[str, dict[str, Any] | Callable[[TaskState], dict[str, Any]]]
 
 
 def insert_events(
     session: Session,
     events: Sequence[EventSpec],
     *,
-    task: Task | None = None,
+    task: TaskState | None = None,
     task_id: str = "",
     tenant_id: str = "",
     last_seq: int = 0,
@@ -315,7 +319,7 @@ def insert_events(
         data = spec(task) if callable(spec) and task is not None else spec
         written.append((first + offset, type_, data))  # type: ignore[arg-type]
     session.execute(
-        insert(TaskEvent),
+        insert(cast(Table, TaskEvent.__table__)),  # Core: many rows, no ORM bookkeeping
         [
             {"task_id": task_id, "seq": seq, "type": type_, "data": data, "created_at": utcnow()}
             for seq, type_, data in written
@@ -366,10 +370,9 @@ def write(
     # Only events that carry the whole Task need the row back as an object; the rest need
     # just the seq, which is much cheaper to return.
     if any(callable(data) for _, data in events):
-        task = session.scalars(
-            statement.returning(Task), execution_options={"populate_existing": True}
-        ).one_or_none()
-        if task is not None:
+        row = session.execute(statement.returning(*TASK_COLUMNS)).one_or_none()
+        if row is not None:
+            task = cast(TaskState, row)
             return insert_events(session, events, task=task, subscriptions=subscriptions)
     else:
         last_seq = session.scalar(statement.returning(Task.last_event_seq))

@@ -30,13 +30,13 @@ from sqlalchemy.orm import Session
 from shared import checkpoints, failpoints, ledger, metrics, notify, outbox, task_store
 from shared.db import transaction
 from shared.errors import CancelRequested, LeaseLost, ModelError
-from shared.models import Step, Task, TaskStatus, Tenant, ToolCall, utcnow
+from shared.models import Step, TaskStatus, Tenant, ToolCall, utcnow
 from shared.pricing import cost_usd
 from shared.queue import enqueue_step
 from shared.registry import Agent, Tool, ToolContext, get_agent, get_registry
 from shared.settings import get_settings
 from shared.task_store import Lease, LeaseRefused
-from shared.views import task_document
+from shared.views import TaskState, task_document
 from workers import heartbeat, model_calls, tool_runner, webhook_sender
 from workers.models import ModelRequest, ModelResponse, ToolCallRequest, get_provider
 from workers.models.base import Message, ToolSchema
@@ -54,7 +54,7 @@ class Context:
     """What a step needs, read in the lease's transaction."""
 
     lease: Lease
-    task: Task
+    task: TaskState
     agent: Agent
     tools: dict[str, Tool]
     history: list[Message]
@@ -201,7 +201,7 @@ def load_context(session: Session, lease: Lease) -> Context:
 
     A first attempt at step 1 has no history and nothing to resume: it reads nothing more.
     """
-    task = session.get(Task, lease.task_id)
+    task = lease.task
     assert task is not None
     fresh = lease.step == 1 and lease.attempt == 1
     steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
@@ -237,7 +237,7 @@ def tenant_name(session: Session, tenant_id: str) -> str:
 
 
 def conversation(
-    task: Task, agent: Agent, steps: Sequence[Step], calls: Sequence[ToolCall]
+    task: TaskState, agent: Agent, steps: Sequence[Step], calls: Sequence[ToolCall]
 ) -> list[Message]:
     """Rebuild the chat from the task's input, each step's response and the ledger."""
     system = "\n\n".join(p for p in (agent.system_prompt, task.instructions) if p)
@@ -389,7 +389,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     return final or bool(over_budget)
 
 
-def budget_exceeded(task: Task, tokens: int, cost: float) -> str | None:
+def budget_exceeded(task: TaskState, tokens: int, cost: float) -> str | None:
     budget = task.budget or {}
     max_tokens, max_cost = budget.get("max_tokens"), budget.get("max_cost_usd")
     total_tokens = task.input_tokens + task.output_tokens + tokens
