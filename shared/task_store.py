@@ -9,9 +9,21 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, case, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    DateTime,
+    Table,
+    Update,
+    bindparam,
+    case,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from shared import metrics, outbox
@@ -23,6 +35,40 @@ from shared.views import TaskState, aware, task_document
 
 # A task row as a write returns it: every column, "metadata" under its attribute name.
 TASK_COLUMNS = [c.label("meta") if c.name == "metadata" else c for c in Task.__table__.columns]
+
+
+def _lease_statement() -> Update:
+    """The lease UPDATE, built once: it runs before every step, so it is not rebuilt each time.
+
+    The CASEs read the row as it was: a queued task gets ``started_at`` now and one event seq
+    for ``task.started``.
+    """
+    tasks = cast(Table, Task.__table__)
+    c = tasks.c
+    queued = c.status == TaskStatus.QUEUED
+    free = c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms())
+    ttl = bindparam("b_ttl", type_=BigInteger)
+    started = bindparam("b_now", type_=DateTime(timezone=True))
+    return (
+        update(tasks)
+        .where(c.id == bindparam("b_task_id"), c.status.in_(TaskStatus.RUNNABLE), free)
+        .where(c.attempt < bindparam("b_max_attempts"))
+        .values(
+            lease_epoch=c.lease_epoch + 1,
+            lease_owner=bindparam("b_owner"),
+            lease_expires_ms=now_ms() + ttl,
+            attempt=c.attempt + 1,
+            status=TaskStatus.RUNNING,
+            started_at=case((queued, started), else_=c.started_at),
+            updated_at=started,
+            last_event_seq=c.last_event_seq + case((queued, 1), else_=0),
+        )
+        .returning(*TASK_COLUMNS, now_ms().label("clock_ms"))
+    )
+
+
+_LEASE = _lease_statement()
+_LEASE_AT_STEP = _LEASE.where(cast(Table, Task.__table__).c.steps == bindparam("b_prev_steps"))
 
 
 @dataclass(frozen=True)
@@ -184,28 +230,10 @@ def take_lease(
     session is the leased state.
     """
     now = utcnow()
-    queued = Task.status == TaskStatus.QUEUED
-    query = (
-        update(Task)
-        .where(Task.id == task_id, Task.status.in_(TaskStatus.RUNNABLE))
-        .where(Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms <= now_ms()))
-        .where(Task.attempt < max_attempts)
-        .values(
-            lease_epoch=Task.lease_epoch + 1,
-            lease_owner=owner,
-            lease_expires_ms=now_ms() + ttl_ms,
-            attempt=Task.attempt + 1,
-            status=TaskStatus.RUNNING,
-            started_at=case((queued, now), else_=Task.started_at),
-            updated_at=now,
-            last_event_seq=Task.last_event_seq + case((queued, 1), else_=0),
-        )
-        .returning(*TASK_COLUMNS, now_ms().label("clock_ms"))
-        .execution_options(synchronize_session=False)
-    )
-    if step is not None:
-        query = query.where(Task.steps == step - 1)
-    row = session.execute(query).one_or_none()
+    params = {"b_task_id": task_id, "b_owner": owner, "b_ttl": ttl_ms, "b_now": now}
+    params |= {"b_max_attempts": max_attempts, "b_prev_steps": (step or 1) - 1}
+    statement = _LEASE if step is None else _LEASE_AT_STEP
+    row = session.execute(statement, params).one_or_none()
     if row is None:
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
     leased, clock = cast(TaskState, row), row.clock_ms
@@ -332,6 +360,54 @@ def insert_events(
     )
 
 
+@dataclass(frozen=True)
+class Increment:
+    """A value for write(): add to the column."""
+
+    by: float
+
+
+@dataclass(frozen=True)
+class FromNow:
+    """A value for write(): the database clock plus ``ms`` (epoch milliseconds)."""
+
+    ms: int
+
+
+def _kind(value: Any) -> str:
+    return "inc" if isinstance(value, Increment) else "now" if isinstance(value, FromNow) else "set"
+
+
+def _param(value: Any) -> Any:
+    if isinstance(value, Increment):
+        return value.by
+    return value.ms if isinstance(value, FromNow) else value
+
+
+@lru_cache(maxsize=128)
+def _write_statement(
+    shape: tuple[tuple[str, str], ...], *, honour_cancel: bool, full_row: bool
+) -> Update:
+    """The fenced UPDATE for one shape of write, built once and reused with new parameters:
+    every write of a step runs one, so building and keying it each time would dominate."""
+    c = cast(Table, Task.__table__).c
+    condition = (c.id == bindparam("b_task_id")) & (c.lease_epoch == bindparam("b_epoch"))
+    condition &= c.status.in_(TaskStatus.RUNNABLE)
+    if honour_cancel:
+        condition &= c.cancel_requested.is_(False)
+    changes: dict[str, Any] = {}
+    for key, kind in shape:
+        column = c[key]
+        if kind == "inc":
+            changes[key] = column + bindparam(f"b_{key}", type_=column.type)
+        elif kind == "now":
+            changes[key] = now_ms() + bindparam(f"b_{key}", type_=BigInteger)
+        else:
+            changes[key] = bindparam(f"b_{key}", type_=column.type)
+    statement = update(c.id.table).where(condition).values(changes)
+    return statement.returning(*TASK_COLUMNS) if full_row else statement.returning(c.last_event_seq)
+
+
 def write(
     session: Session,
     lease: Lease,
@@ -351,31 +427,25 @@ def write(
     """
     if values and values.get("status") in TaskStatus.TERMINAL:
         metrics.tasks_finished.labels(status=values["status"]).inc()
-    condition = _held(lease)
-    if honour_cancel:
-        condition &= Task.cancel_requested.is_(False)
-    statement = (
-        update(Task)
-        .where(condition)
-        .values(
-            {
-                "lease_expires_ms": now_ms() + lease.ttl_ms,
-                "updated_at": utcnow(),
-                "last_event_seq": Task.last_event_seq + len(events),
-                **(values or {}),
-            }
-        )
-        .execution_options(synchronize_session=False)
-    )
-    # Only events that carry the whole Task need the row back as an object; the rest need
-    # just the seq, which is much cheaper to return.
-    if any(callable(data) for _, data in events):
-        row = session.execute(statement.returning(*TASK_COLUMNS)).one_or_none()
+    changes: dict[str, Any] = {
+        "lease_expires_ms": FromNow(lease.ttl_ms),
+        "updated_at": utcnow(),
+        "last_event_seq": Increment(len(events)),
+        **(values or {}),
+    }
+    shape = tuple(sorted((key, _kind(value)) for key, value in changes.items()))
+    params = {f"b_{key}": _param(value) for key, value in changes.items()}
+    params |= {"b_task_id": lease.task_id, "b_epoch": lease.epoch}
+    # Only events that carry the whole Task need the row back; the rest need just the seq.
+    full_row = any(callable(data) for _, data in events)
+    statement = _write_statement(shape, honour_cancel=honour_cancel, full_row=full_row)
+    if full_row:
+        row = session.execute(statement, params).one_or_none()
         if row is not None:
             task = cast(TaskState, row)
             return insert_events(session, events, task=task, subscriptions=subscriptions)
     else:
-        last_seq = session.scalar(statement.returning(Task.last_event_seq))
+        last_seq = session.scalar(statement, params)
         if last_seq is not None:
             return insert_events(
                 session,
@@ -405,9 +475,9 @@ def fence(session: Session, lease: Lease) -> None:
 
 def usage_values(*, input_tokens: int, output_tokens: int, cost_usd: float) -> dict[str, Any]:
     return {
-        "input_tokens": Task.input_tokens + input_tokens,
-        "output_tokens": Task.output_tokens + output_tokens,
-        "cost_usd": Task.cost_usd + cost_usd,
+        "input_tokens": Increment(input_tokens),
+        "output_tokens": Increment(output_tokens),
+        "cost_usd": Increment(cost_usd),
     }
 
 
@@ -420,7 +490,7 @@ def progress_values(lease: Lease) -> dict[str, Any]:
         "waiting": None,
         "lease_owner": None,
         "lease_expires_ms": None,
-        "due_ms": now_ms(),
+        "due_ms": FromNow(0),
     }
 
 
@@ -437,10 +507,10 @@ def release_values(
     """
     values: dict[str, Any] = {
         "waiting": waiting,
-        "attempt": Task.attempt - 1,
+        "attempt": Increment(-1),
         "lease_owner": None,
         "lease_expires_ms": None,
-        "due_ms": now_ms() + delay_ms,
+        "due_ms": FromNow(delay_ms),
     }
     if model_failures is not None:
         values["model_failures"] = model_failures
