@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from shared.models import Step, ToolCall, utcnow
 from shared.task_store import Lease
 
+_INSERT_STEP = insert(cast(Table, Step.__table__))  # built once: it runs every step
 MODEL_RESPONDED = "model_responded"
 COMPLETED = "completed"
 
@@ -82,7 +83,7 @@ def record_model_response(
         "model_completed_at": now,
         "completed_at": now if final else None,
     }
-    session.execute(insert(cast(Table, Step.__table__)).values(step))
+    session.execute(_INSERT_STEP, step)
 
 
 def complete_step(session: Session, lease: Lease) -> None:

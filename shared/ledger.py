@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from shared.models import ToolCall, utcnow
 from shared.task_store import Lease
 
+_INSERT_CALL = insert(cast(Table, ToolCall.__table__))  # built once: it runs every call
 STARTED = "started"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -72,7 +73,7 @@ def start_call(
         "lease_epoch": lease.epoch,
         "started_at": utcnow(),
     }
-    session.execute(insert(cast(Table, ToolCall.__table__)).values(row))
+    session.execute(_INSERT_CALL, row)
 
 
 def restart_call(session: Session, lease: Lease, call_id: str) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import BigInteger, Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.db import now_ms
@@ -32,6 +32,9 @@ PENDING, SENDING, DELIVERED, FAILED, DISABLED = (
     "disabled",
 )
 ENDPOINT_CACHE_SECONDS = 5.0
+_INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__)).values(
+    next_attempt_ms=now_ms() + bindparam("b_first_delay_ms", type_=BigInteger)
+)
 
 
 @dataclass(frozen=True)
@@ -96,18 +99,14 @@ def add_deliveries(
             "attempts": 0,
             "attempts_base": 0,
             "created_at": utcnow(),
+            "b_first_delay_ms": first_delay_ms,
         }
         for seq, type_, data in events
         for sub in subscriptions
         if type_ in sub.events
     ]
     if rows:
-        session.execute(
-            insert(cast(Table, WebhookDelivery.__table__)).values(
-                next_attempt_ms=now_ms() + first_delay_ms
-            ),
-            rows,
-        )
+        session.execute(_INSERT_DELIVERY, rows)
     return [str(row["id"]) for row in rows]
 
 

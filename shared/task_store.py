@@ -68,6 +68,7 @@ def _lease_statement() -> Update:
 
 
 _LEASE = _lease_statement()
+_INSERT_EVENTS = insert(cast(Table, TaskEvent.__table__))  # Core: many rows, no ORM bookkeeping
 _LEASE_AT_STEP = _LEASE.where(cast(Table, Task.__table__).c.steps == bindparam("b_prev_steps"))
 
 
@@ -347,7 +348,7 @@ def insert_events(
         data = spec(task) if callable(spec) and task is not None else spec
         written.append((first + offset, type_, data))  # type: ignore[arg-type]
     session.execute(
-        insert(cast(Table, TaskEvent.__table__)),  # Core: many rows, no ORM bookkeeping
+        _INSERT_EVENTS,
         [
             {"task_id": task_id, "seq": seq, "type": type_, "data": data, "created_at": utcnow()}
             for seq, type_, data in written
