@@ -126,24 +126,37 @@ def _new_task(tenant_id: str, script: list[dict[str, Any]]) -> str:
         return create_task(session, tenant_id, spec).id
 
 
-def _baseline(samples: int) -> list[float]:
-    from sqlalchemy import text
+class Baseline:
+    """A bare single-row INSERT + COMMIT through the same engine, sampled between steps so
+    both see the same machine (these machines are noisy)."""
 
-    from shared.db import get_engine, transaction
+    def __init__(self) -> None:
+        from sqlalchemy import text
 
-    with get_engine().begin() as conn:
-        conn.execute(
-            text("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, v text)")
-        )
-    timings = []
-    for i in range(samples):
+        from shared.db import get_engine
+
+        self.timings: list[float] = []
+        self._insert = text("INSERT INTO bench_baseline (v) VALUES (:v)")
+        with get_engine().begin() as conn:
+            conn.execute(
+                text("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, v text)")
+            )
+
+    def sample(self) -> None:
+        from shared.db import transaction
+
         started = time.perf_counter()
         with transaction() as session:
-            session.execute(text("INSERT INTO bench_baseline (v) VALUES (:v)"), {"v": f"row {i}"})
-        timings.append((time.perf_counter() - started) * 1000)
-    with get_engine().begin() as conn:
-        conn.execute(text("DROP TABLE bench_baseline"))
-    return timings
+            session.execute(self._insert, {"v": f"row {len(self.timings)}"})
+        self.timings.append((time.perf_counter() - started) * 1000)
+
+    def drop(self) -> None:
+        from sqlalchemy import text
+
+        from shared.db import get_engine
+
+        with get_engine().begin() as conn:
+            conn.execute(text("DROP TABLE bench_baseline"))
 
 
 def _cleanup(tenant_id: str) -> None:
@@ -156,7 +169,9 @@ def _cleanup(tenant_id: str) -> None:
             session.delete(tenant)
 
 
-def _time_steps(task_id: str, steps: int, meter: WriteMeter, out: dict[int, list[float]]) -> None:
+def _time_steps(
+    task_id: str, steps: int, *, meter: WriteMeter, out: dict[int, list[float]], baseline: Baseline
+) -> None:
     from workers.step_runner import advance
 
     for number in range(1, steps + 1):
@@ -164,13 +179,14 @@ def _time_steps(task_id: str, steps: int, meter: WriteMeter, out: dict[int, list
             started = time.perf_counter()
             advance(task_id, number)
             out[number].append((time.perf_counter() - started) * 1000)
+        baseline.sample()
 
 
 @app.command()
 def checkpoint(
-    tasks: int = typer.Option(20, help="tasks per scenario"),
+    tasks: int = typer.Option(200, help="one-step tasks (the no-tools scenario)"),
+    chains: int = typer.Option(10, help="tasks in the chain scenario"),
     steps: int = typer.Option(50, help="steps per task in the chain scenario"),
-    baseline_samples: int = typer.Option(500, help="bare INSERT + COMMIT samples"),
 ) -> None:
     """Per-step checkpoint overhead vs a bare INSERT + COMMIT on the same Postgres."""
     os.environ["RATCHET_BROKER_URL"] = "memory://localhost/"  # enqueues cost nothing here
@@ -187,26 +203,43 @@ def checkpoint(
     meter = WriteMeter()
     meter.install(engine)
     tenant_id = _bench_tenant()
+    baseline = Baseline()
     try:
-        _baseline(50)  # warm up connections and caches
-        baseline = _baseline(baseline_samples)
+        for _ in range(50):  # warm up connections and caches
+            baseline.sample()
+        warm: dict[int, list[float]] = defaultdict(list)
+        for _ in range(10):
+            _time_steps(
+                _new_task(tenant_id, [{"content": "done"}]),
+                1,
+                meter=meter,
+                out=warm,
+                baseline=baseline,
+            )
+        meter.commits.clear()
+        meter.bytes.clear()
+        baseline.timings.clear()
         final: dict[int, list[float]] = defaultdict(list)
         for _ in range(tasks):
-            _time_steps(_new_task(tenant_id, [{"content": "done"}]), 1, meter, final)
+            task_id = _new_task(tenant_id, [{"content": "done"}])
+            _time_steps(task_id, 1, meter=meter, out=final, baseline=baseline)
         final_commits = meter.commits.pop("step1", 0) / tasks
         final_bytes = meter.bytes.pop("step1", 0) / tasks
+        first_baseline = summary(baseline.timings)
+        baseline.timings.clear()
         chain: dict[int, list[float]] = defaultdict(list)
-        script = [{"tool_calls": [{"name": "calculator", "arguments": {"expression": "1+1"}}]}] * (
-            steps - 1
-        )
-        for _ in range(tasks):
-            _time_steps(_new_task(tenant_id, [*script, {"content": "done"}]), steps, meter, chain)
+        call = {"tool_calls": [{"name": "calculator", "arguments": {"expression": "1+1"}}]}
+        for _ in range(chains):
+            task_id = _new_task(tenant_id, [*[call] * (steps - 1), {"content": "done"}])
+            _time_steps(task_id, steps, meter=meter, out=chain, baseline=baseline)
+        second_baseline = summary(baseline.timings)
     finally:
+        baseline.drop()
         _cleanup(tenant_id)
-    base = summary(baseline)
+    base = first_baseline
     no_tools = summary(final[1])
     tool_steps = summary([t for n, ts in chain.items() if n < steps for t in ts])
-    per_step_bytes = {n: meter.bytes[f"step{n}"] / tasks for n in range(1, steps)}
+    per_step_bytes = {n: meter.bytes[f"step{n}"] / chains for n in range(1, steps)}
     emit(
         "checkpoint",
         {
@@ -216,12 +249,13 @@ def checkpoint(
             "step_without_tools_ratio_p99": no_tools["p99"] / base["p99"],
             "step_without_tools_write_commits": final_commits,
             "step_without_tools_bytes": final_bytes,
+            "baseline_during_chains_ms": second_baseline,
             "step_with_one_tool_call_ms": tool_steps,
-            "step_with_one_tool_call_ratio_p50": tool_steps["p50"] / base["p50"],
+            "step_with_one_tool_call_ratio_p50": tool_steps["p50"] / second_baseline["p50"],
             "step_with_one_tool_call_write_commits": sum(
                 meter.commits[f"step{n}"] for n in range(1, steps)
             )
-            / (tasks * (steps - 1)),
+            / (chains * (steps - 1)),
             "bytes_written_step_1": per_step_bytes[1],
             f"bytes_written_step_{steps - 1}": per_step_bytes[steps - 1],
             "bytes_ratio_last_to_first": per_step_bytes[steps - 1] / per_step_bytes[1],
