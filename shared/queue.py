@@ -33,7 +33,7 @@ def configure(app: Celery, settings: Settings) -> None:
         worker_cancel_long_running_tasks_on_connection_loss=True,
         # SIGTERM: stop taking messages, give running steps this long, then requeue the rest.
         worker_soft_shutdown_timeout=settings.shutdown_grace_seconds,
-        worker_enable_soft_shutdown_on_idle=True,
+        worker_enable_soft_shutdown_on_idle=False,
         worker_hijack_root_logger=False,
     )
 
