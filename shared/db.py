@@ -53,7 +53,18 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, pool_recycle=1800)
+    # A process stopped in the middle of a transaction (SIGSTOP, a frozen VM) must not keep the
+    # rows it locked: Postgres ends such a session after a lease's length, and the lease, the
+    # sweeper and everyone else move on.
+    idle_ms = int(get_settings().lease_ttl_seconds * 1000)
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        pool_recycle=1800,
+        connect_args={"options": f"-c idle_in_transaction_session_timeout={idle_ms}"},
+    )
 
 
 _engines: dict[tuple[str, int], Engine] = {}

@@ -273,20 +273,27 @@ def _refusal(
         return LeaseRefused(f"status is {task.status}")
     if step is not None and task.steps + 1 != step:
         return LeaseRefused(f"stale message for step {step}; task is at step {task.steps + 1}")
-    if task.attempt >= max_attempts:
-        _fail_poisoned(session, task, max_attempts)
+    held = _why_held(session, task_id, ttl_ms)
+    if held.reason == HELD:
+        return held  # a live lease: whatever the attempt count, its holder is working
+    if task.attempt >= max_attempts and _fail_poisoned(session, task, max_attempts):
         return LeaseRefused("poisoned: failed with worker_lost")
-    return _why_held(session, task_id, ttl_ms)
+    return held
+
+
+HELD = "held by another worker"
 
 
 def _why_held(session: Session, task_id: str, ttl_ms: int) -> LeaseRefused:
     row = session.execute(select(Task.lease_expires_ms, now_ms()).where(Task.id == task_id)).first()
-    if row is None or row[0] is None:
+    if row is None or row[0] is None or row[0] <= row[1]:
         return LeaseRefused("lost the race for the lease", retry_in_ms=ttl_ms)
-    return LeaseRefused("held by another worker", retry_in_ms=max(1, int(row[0] - row[1])))
+    return LeaseRefused(HELD, retry_in_ms=int(row[0] - row[1]))
 
 
-def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> None:
+def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> bool:
+    """Fail a task whose step keeps killing its workers; only if nobody holds it (or could
+    have finished it meanwhile). Returns whether it did."""
     error = {
         "type": "worker_lost",
         "message": f"step {task.steps + 1} was started {task.attempt} times and never finished "
@@ -295,19 +302,23 @@ def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> None:
     failed = session.scalars(
         update(Task)
         .where(Task.id == task.id, Task.lease_epoch == task.lease_epoch)
+        .where(Task.status.in_(TaskStatus.RUNNABLE))
+        .where(Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms <= now_ms()))
         .values(
             {**_terminal(TaskStatus.FAILED, error=error), "last_event_seq": Task.last_event_seq + 1}
         )
         .returning(Task),
         execution_options={"populate_existing": True, "synchronize_session": False},
     ).one_or_none()
-    if failed is not None:  # its webhooks go out with the sweeper's next pass
-        insert_events(
-            session,
-            [("task.failed", task_document)],
-            task=failed,
-            subscriptions=outbox.subscriptions_for(session, failed),
-        )
+    if failed is None:
+        return False
+    insert_events(  # its webhooks go out with the sweeper's next pass
+        session,
+        [("task.failed", task_document)],
+        task=failed,
+        subscriptions=outbox.subscriptions_for(session, failed),
+    )
+    return True
 
 
 def _held(lease: Lease) -> ColumnElement[bool]:

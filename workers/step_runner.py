@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from shared import checkpoints, failpoints, ledger, metrics, notify, outbox, task_store
@@ -100,6 +101,22 @@ def advance(task_id: str, step: int | None = None) -> None:
         outcome = "fenced"
         log.warning("fenced: %s", exc, extra=extra)
         return
+    except DBAPIError as exc:
+        if not session_ended(exc):
+            raise
+        # The database ended this worker's session (it stalled past the idle-in-transaction
+        # limit, or was cut off): its open transaction was rolled back. As when fenced, stop;
+        # the lease runs out and the task carries on elsewhere.
+        outcome = "fenced"
+        log.warning(
+            "fenced: task %s: the database ended this worker's session (lease epoch %d); "
+            "its writes were rolled back: %s",
+            task_id,
+            lease.epoch,
+            exc.orig,
+            extra=extra,
+        )
+        return
     except TaskEnded:
         return
     finally:
@@ -107,6 +124,12 @@ def advance(task_id: str, step: int | None = None) -> None:
         metrics.step_seconds.observe(time.perf_counter() - started)
     if not finished:
         enqueue_step(task_id, lease.step + 1)
+
+
+def session_ended(exc: DBAPIError) -> bool:
+    """Whether the database dropped the session (rather than rejected a statement)."""
+    sqlstate = str(getattr(exc.orig, "sqlstate", "") or "")
+    return exc.connection_invalidated or sqlstate == "25P03" or sqlstate[:2] in ("08", "57")
 
 
 def after_commit(task_id: str, deliveries: list[str]) -> None:

@@ -32,8 +32,14 @@ def sweep_once() -> int:
     grace_ms = int(get_settings().sweep_grace_seconds * 1000)
     with transaction() as session:
         if session.get_bind().dialect.name == "postgresql":
+            # One sweeper at a time; and a row locked by a stalled transaction must not stall
+            # the fleet's sweeping, so this transaction waits for locks 5 s at most.
             got = session.scalar(
-                text("SELECT pg_try_advisory_xact_lock(:id)"), {"id": SWEEP_LOCK_ID}
+                text(
+                    "SELECT pg_try_advisory_xact_lock(:id)"
+                    " AND set_config('lock_timeout', '5s', true) IS NOT NULL"
+                ),
+                {"id": SWEEP_LOCK_ID},
             )
             if not got:
                 return 0

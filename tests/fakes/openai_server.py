@@ -11,7 +11,17 @@ A test queues the replies, in order, that ``POST /v1/chat/completions`` gives::
 A reply is a completion (tool calls with ``finish_reason: "tool_calls"``, or a final text
 answer, each with ``usage``), an HTTP error (status, body and headers such as ``Retry-After``)
 or a stall (no answer for a while, to outlast the client's timeout). A request that finds the
-queue empty gets a 500 that says so. Every request is recorded (method, path, headers, parsed
+queue empty gets a 500 that says so, unless the server has a ``responder``: a function that
+computes the reply from the request, for tests whose replies depend on what was asked (many
+tasks at once, or requests repeated after a crash)::
+
+    def respond(request: Received) -> Reply:
+        steps_so_far = sum(m["role"] == "assistant" for m in request.messages)
+        return answer("done") if steps_so_far else tool_call("calculator", {"expression": "1"})
+
+    with OpenAIServer(responder=respond) as server: ...
+
+Queued replies still come first. Every request is recorded (method, path, headers, parsed
 JSON body, arrival time), so a test can assert exactly what the provider sent.
 
 Use the fixture by importing it into a test module::
@@ -28,7 +38,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -78,6 +88,7 @@ class Stall:
 
 
 Reply = Completion | ErrorReply | Stall
+Responder = Callable[["Received"], Reply]
 
 
 def tool_call(
@@ -141,7 +152,8 @@ class Received:
 class OpenAIServer:
     """The server, its reply queue and its request log. Thread-safe; a context manager."""
 
-    def __init__(self) -> None:
+    def __init__(self, responder: Responder | None = None) -> None:
+        self._responder = responder
         self._replies: deque[Reply] = deque()
         self._received: list[Received] = []
         self._lock = threading.Lock()
@@ -208,9 +220,12 @@ class OpenAIServer:
             self._received.append(request)
             if request.method != "POST" or request.path != COMPLETIONS_PATH:
                 return ErrorReply(404, f"no route {request.method} {request.path}")
-            if not self._replies:
-                return ErrorReply(500, "the test server has no scripted reply left")
-            return self._replies.popleft()
+            if self._replies:
+                return self._replies.popleft()
+        if self._responder is not None:
+            # Outside the lock: a responder may take its time without holding up other requests.
+            return self._responder(request)
+        return ErrorReply(500, "the test server has no scripted reply left")
 
     def _completion_body(self, reply: Completion, model: str) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}

@@ -1,0 +1,1026 @@
+"""DESIGN §5 against real processes: workers killed, paused and duplicated; Redis and Postgres
+pulled away mid-run. Every task still ends; no committed model call is made again, and a side
+effect is repeated only when a crash cut it short, with the same idempotency key.
+
+Each test starts its own stack (``ratchet api`` + ``ratchet worker`` processes on this run's
+Postgres and Redis) with short leases and a fast sweeper, so a dead worker's task is picked up
+again within seconds. The LLM is faked at its transport: the ``scripted`` model, or the
+OpenAI-compatible test server with a responder that derives (task, step) from each request, so
+model calls can be counted across processes. Side effects land in this process: an HTTP
+receiver that records every request's ``Idempotency-Key``, or the journal file of the sample
+agents' tools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
+
+from tests.conftest import IN_CI, TenantHandle
+from tests.e2e.conftest import Stack, StackFactory, free_port
+from tests.e2e.util import wait_all
+from tests.fakes.openai_server import Call, Completion, OpenAIServer, Received, Reply, answer, stall
+from tests.helpers import TERMINAL, scripted_task, tool_turn
+
+MODEL = "openai:gpt-crash-test"
+LEASE_TTL_SECONDS = 2.0
+FAST = {
+    "RATCHET_LEASE_TTL_SECONDS": str(LEASE_TTL_SECONDS),
+    "RATCHET_SWEEP_INTERVAL_SECONDS": "0.5",
+    "RATCHET_SWEEP_GRACE_SECONDS": "1",
+    "RATCHET_HTTP_ALLOWED_HOSTS": "127.0.0.1",
+    # At teardown, requeue delayed retries at once instead of waiting for them.
+    "RATCHET_SHUTDOWN_GRACE_SECONDS": "0",
+}
+TASK_MARKER = re.compile(r"\[task (?P<label>[\w.-]+)\]")
+
+
+# -- side effects: an HTTP receiver in this process ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One request the receiver saw."""
+
+    key: str  # its Idempotency-Key header
+    body: Any
+    at: float  # time.monotonic() on arrival
+
+
+class _ReceiverServer(ThreadingHTTPServer):
+    daemon_threads = True
+    receiver: Receiver
+
+
+class _ReceiverHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _ReceiverServer
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        receiver = self.server.receiver
+        receiver.record(
+            Delivery(
+                self.headers.get("idempotency-key", ""),
+                json.loads(raw or b"null"),
+                time.monotonic(),
+            )
+        )
+        time.sleep(receiver.delay)  # a kill now leaves a request sent and its answer unread
+        data = b'{"ok": true}'
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the worker died while we held the answer back
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class Receiver:
+    """An HTTP endpoint on 127.0.0.1 that records every request; it answers after ``delay`` s."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self._lock = threading.Lock()
+        self._deliveries: list[Delivery] = []
+        self._httpd = _ReceiverServer(("127.0.0.1", 0), _ReceiverHandler)
+        self._httpd.receiver = self
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}/effects"
+
+    def record(self, delivery: Delivery) -> None:
+        with self._lock:
+            self._deliveries.append(delivery)
+
+    def by_key(self) -> dict[str, list[Delivery]]:
+        grouped: dict[str, list[Delivery]] = defaultdict(list)
+        with self._lock:
+            for delivery in self._deliveries:
+                grouped[delivery.key].append(delivery)
+        return grouped
+
+    def __enter__(self) -> Receiver:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+# -- the model: replies computed from each request --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One model request: whose step it was and the id its reply carried."""
+
+    label: str
+    step: int
+    reply: str
+    at: float
+
+
+class PostingAgent:
+    """A responder for the fake OpenAI server: each step POSTs to the receiver, then it answers.
+
+    A task is recognised by the ``[task <label>]`` marker in its input, and its step by the
+    number of assistant messages so far. Every reply carries an id of its own (in the tool
+    call's id, or the final answer's text), so the step timeline tells which request's
+    answer was committed.
+    """
+
+    def __init__(self, receiver: Receiver, *, tool_steps: int, delay: float = 0.0) -> None:
+        self.receiver = receiver
+        self.tool_steps = tool_steps
+        self.delay = delay
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._asked: list[Asked] = []
+
+    def __call__(self, request: Received) -> Reply:
+        messages = request.messages
+        found = TASK_MARKER.search(" ".join(str(m.get("content")) for m in messages))
+        assert found is not None, messages
+        label = found["label"]
+        step = 1 + sum(m["role"] == "assistant" for m in messages)
+        reply_id = f"{label}.{step}.{next(self._ids)}"
+        with self._lock:
+            self._asked.append(Asked(label, step, reply_id, request.at))
+        reply: Completion
+        if step <= self.tool_steps:
+            arguments: dict[str, Any] = {
+                "url": self.receiver.url,
+                "method": "POST",
+                "json": {"task": label, "step": step},
+            }
+            reply = Completion(calls=(Call("http_request", arguments, id=f"call-{reply_id}"),))
+        else:
+            reply = answer(f"{label} done; reply {reply_id}")
+        return stall(self.delay, reply) if self.delay else reply
+
+    def asked(self) -> dict[tuple[str, int], list[Asked]]:
+        """Every request by (task label, step), in order of arrival."""
+        grouped: dict[tuple[str, int], list[Asked]] = defaultdict(list)
+        with self._lock:
+            for asked in sorted(self._asked, key=lambda a: a.at):
+                grouped[(asked.label, asked.step)].append(asked)
+        return grouped
+
+
+def committed_reply(step: Mapping[str, Any]) -> str:
+    """The reply id of the model answer a step committed."""
+    model = step["model"]
+    if model["tool_calls"]:
+        return str(model["tool_calls"][0]["id"]).removeprefix("call-")
+    return str(model["content"]).rpartition("reply ")[2]
+
+
+def model_env(server: OpenAIServer) -> dict[str, str]:
+    return {
+        "RATCHET_OPENAI_BASE_URL": server.base_url,
+        "RATCHET_OPENAI_API_KEY": "sk-test",
+        "RATCHET_MODEL_TIMEOUT_SECONDS": "20",
+    }
+
+
+def posting_task(label: str) -> dict[str, Any]:
+    return {"input": f"[task {label}] post the updates", "model": MODEL, "tools": ["http_request"]}
+
+
+# -- talking to the stack -----------------------------------------------------------------------
+
+
+def submit_all(http: httpx.Client, bodies: Mapping[str, dict[str, Any]]) -> dict[str, str]:
+    """Submit each body; return task id → label."""
+    ids = {}
+    for label, body in bodies.items():
+        response = http.post("/v1/tasks", json=body)
+        assert response.status_code == 202, response.text
+        ids[response.json()["id"]] = label
+    return ids
+
+
+def timeline(http: httpx.Client, task_id: str) -> list[dict[str, Any]]:
+    response = http.get(f"/v1/tasks/{task_id}/steps", params={"limit": 200})
+    assert response.status_code == 200, response.text
+    return list(response.json()["items"])
+
+
+def task_events(task_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The task's events (type, data), checked to be numbered 1, 2, 3 … without a gap."""
+    from shared.db import transaction
+    from shared.models import TaskEvent
+
+    with transaction() as session:
+        rows = session.execute(
+            select(TaskEvent.seq, TaskEvent.type, TaskEvent.data)
+            .where(TaskEvent.task_id == task_id)
+            .order_by(TaskEvent.seq)
+        ).all()
+    assert [row.seq for row in rows] == list(range(1, len(rows) + 1)), rows
+    return [(row.type, row.data) for row in rows]
+
+
+def event_types(task_id: str) -> list[str]:
+    return [type_ for type_, _ in task_events(task_id)]
+
+
+def check_no_duplicates(task_id: str, steps: list[dict[str, Any]], *, expected_steps: int) -> None:
+    """Each step committed once, each tool call once, and one event for each of them."""
+    assert [s["number"] for s in steps] == list(range(1, expected_steps + 1)), steps
+    assert all(s["status"] == "completed" for s in steps), steps
+    calls = [(s["number"], c["id"]) for s in steps for c in s["tool_calls"]]
+    assert len(calls) == len(set(calls)), calls
+    events = task_events(task_id)
+    seen = Counter(
+        (type_, data.get("step"), data.get("call_id"))
+        for type_, data in events
+        if type_.startswith("step.")
+    )
+    expected = Counter(
+        [("step.model_response", s["number"], None) for s in steps]
+        + [("step.completed", s["number"], None) for s in steps]
+        + [("step.tool_call", number, call_id) for number, call_id in calls]
+    )
+    assert seen == expected, events
+    types = Counter(type_ for type_, _ in events)
+    assert types["task.started"] == 1, types
+    assert sum(types[t] for t in ("task.succeeded", "task.failed", "task.cancelled")) == 1, types
+
+
+def lease_of(task_id: str) -> tuple[str | None, int]:
+    """(lease_owner, lease_epoch) of a task; the owner is ``host:pid:thread``."""
+    from shared.db import transaction
+    from shared.models import Task
+
+    with transaction() as session:
+        row = session.execute(
+            select(Task.lease_owner, Task.lease_epoch).where(Task.id == task_id)
+        ).one()
+    return row.lease_owner, row.lease_epoch
+
+
+def owner_pid(owner: str) -> int:
+    return int(owner.split(":")[-2])
+
+
+def row_locked(task_id: str) -> bool:
+    """Whether some transaction holds the task's row lock right now."""
+    from shared.db import transaction
+    from shared.models import Task
+
+    try:
+        with transaction() as session:
+            session.execute(select(Task.id).where(Task.id == task_id).with_for_update(nowait=True))
+    except sa_exc.OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available
+            return True
+        raise
+    return False
+
+
+def client_ports(pids: Iterable[int]) -> set[int]:
+    """The local ports of the TCP sockets the given processes hold (from /proc)."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        inodes.add(link.removeprefix("socket:[").removesuffix("]"))
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
+
+
+def open_transactions(pids: Iterable[int]) -> list[str]:
+    """The statements of the database sessions of these processes that are not idle."""
+    from shared.db import transaction
+
+    with transaction() as session:
+        rows = session.scalars(
+            text(
+                "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+                "AND client_port = ANY(:ports) AND state <> 'idle'"
+            ),
+            {"ports": sorted(client_ports(pids))},
+        ).all()
+    return list(rows)
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def all_logs(fleet: Stack) -> str:
+    return "\n".join(fleet.log_text(f"worker-{i}") for i in range(len(fleet.worker_procs)))
+
+
+def worker_of(fleet: Stack, pid: int) -> int:
+    """The index of the worker whose pool process ``pid`` is."""
+    for index in range(len(fleet.worker_procs)):
+        if pid in fleet.worker_child_pids(index):
+            return index
+    raise AssertionError(f"pid {pid} is no worker's pool process")
+
+
+@pytest.fixture(autouse=True)
+def _forget_unacked(service_env: dict[str, str]) -> Iterator[None]:
+    """After the test's stacks are stopped, forget the messages its killed workers held.
+
+    The broker keeps a message a worker took and never acked aside, outside the queue's keys,
+    for the visibility timeout (an hour); with the worker dead, nobody will ever want it.
+    """
+    yield
+    prefix = f"{service_env['RATCHET_QUEUE_NAME']}-"
+    with redis.Redis.from_url(service_env["RATCHET_REDIS_URL"]) as conn:
+        for tag, raw in conn.hgetall("unacked").items():
+            if str(json.loads(raw)[2]).startswith(prefix):
+                conn.hdel("unacked", tag)
+                conn.zrem("unacked_index", tag)
+
+
+def pool_pids(fleet: Stack) -> set[int]:
+    """Every live pool process of every worker."""
+    return {pid for i in range(len(fleet.worker_procs)) for pid in fleet.worker_child_pids(i)}
+
+
+# -- 1. chaos -----------------------------------------------------------------------------------
+
+
+class Killer:
+    """Kills a random worker (SIGKILL to its whole process group) every ``every`` seconds,
+    starting a replacement each time, ``limit`` times or until stopped."""
+
+    def __init__(self, fleet: Stack, *, every: float, limit: int, seed: int = 0) -> None:
+        self.fleet = fleet
+        self.every = every
+        self.limit = limit
+        self.kills: list[float] = []  # time.monotonic() of each kill
+        self.error: BaseException | None = None
+        self._random = random.Random(seed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="killer", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            # The next kill is due ``every`` s after the last one, or once its replacement is
+            # ready if starting it took longer, so that two workers or more always run.
+            while len(self.kills) < self.limit and not self._stop.wait(
+                max(0.0, self.every - self._since_last_kill())
+            ):
+                live = [i for i, p in enumerate(self.fleet.worker_procs) if p.poll() is None]
+                self.kills.append(time.monotonic())
+                self.fleet.kill_worker(self._random.choice(live))
+                self.fleet.start_worker()
+        except BaseException as exc:  # reported by the test, not lost in a thread
+            self.error = exc
+
+    def _since_last_kill(self) -> float:
+        return time.monotonic() - self.kills[-1] if self.kills else 0.0
+
+    def __enter__(self) -> Killer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=90)
+        assert not self._thread.is_alive(), "the killer did not stop"
+        if self.error is not None:
+            raise self.error
+
+    def killed_between(self, start: float, end: float) -> bool:
+        return any(start <= at <= end for at in self.kills)
+
+
+CHAOS_TASKS = 50
+CHAOS_TOOL_STEPS = 5
+# Each kill costs the fleet a worker's start and its processes' first, cold steps: the number
+# of kills, more than the work, sets how long the run takes.
+CHAOS_KILLS = 10
+
+
+def test_chaos_kills_lose_no_task_and_repeat_no_side_effect(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    with Receiver(delay=0.1) as receiver:
+        agent = PostingAgent(receiver, tool_steps=CHAOS_TOOL_STEPS, delay=0.03)
+        with OpenAIServer(responder=agent) as llm:
+            # Each sweep re-sends every task overdue by the grace, lost or merely queued behind
+            # the backlog; a longer grace re-sends fewer needlessly, and a dead worker's step,
+            # long overdue, is still re-sent as soon as its lease ends.
+            env = {**FAST, **model_env(llm), "RATCHET_SWEEP_GRACE_SECONDS": "3"}
+            fleet = stack(workers=3, concurrency=2, env=env)
+            with fleet.client(headers=tenant.headers) as http:
+                bodies = {f"c{n}": posting_task(f"c{n}") for n in range(CHAOS_TASKS)}
+                labels = submit_all(http, bodies)
+                with Killer(fleet, every=2.0, limit=CHAOS_KILLS) as killer:
+                    tasks = wait_all(http, None, labels, timeout=100)
+                timelines = {task_id: timeline(http, task_id) for task_id in labels}
+
+    assert len(killer.kills) >= CHAOS_KILLS // 2, killer.kills
+    assert Counter(t["status"] for t in tasks.values()) == {"succeeded": CHAOS_TASKS}, [
+        t for t in tasks.values() if t["status"] != "succeeded"
+    ]
+    deliveries = receiver.by_key()
+    expected_keys = set()
+    for task_id, label in labels.items():
+        steps = timelines[task_id]
+        check_no_duplicates(task_id, steps, expected_steps=CHAOS_TOOL_STEPS + 1)
+        for step in steps[:CHAOS_TOOL_STEPS]:
+            [call] = step["tool_calls"]
+            key = f"{task_id}:{step['number']}-0"
+            expected_keys.add(key)
+            assert (call["status"], call["idempotency_key"]) == ("succeeded", key), call
+            seen = deliveries.get(key, [])
+            assert seen, f"{key}: the receiver never saw the call the ledger says succeeded"
+            sent = {"task": label, "step": step["number"]}
+            assert all(d.body == sent for d in seen), seen
+            # A repeat is a re-run after a kill, with the same key, and the ledger counts it.
+            assert len(seen) <= call["runs"], (key, len(seen), call)
+            for first, then in itertools.pairwise(seen):
+                assert killer.killed_between(first.at, then.at), (key, seen, killer.kills)
+    assert set(deliveries) == expected_keys, set(deliveries) - expected_keys
+
+    asked = agent.asked()
+    committed = {
+        (labels[task_id], step["number"]): committed_reply(step)
+        for task_id, steps in timelines.items()
+        for step in steps
+    }
+    assert set(asked) == set(committed), set(asked) ^ set(committed)
+    for task_step, requests in asked.items():
+        # The committed answer is the last one asked for: nothing asked again after the commit …
+        assert requests[-1].reply == committed[task_step], (requests, committed[task_step])
+        # … and each earlier request was cut short by a kill before its answer was committed.
+        for before, again in itertools.pairwise(requests):
+            assert killer.killed_between(before.at, again.at), (requests, killer.kills)
+    repeats = sum(len(r) - 1 for r in asked.values())
+    resent = sum(len(d) - 1 for d in deliveries.values())
+    print(f"{len(killer.kills)} kills; {repeats} model calls and {resent} requests repeated")
+
+
+# -- 2. kill points -----------------------------------------------------------------------------
+
+# For each point: how many times the interrupted call reached the receiver and the runs the
+# ledger counts for it; None when the kill is outside any tool call.
+KILL_POINTS: dict[str, tuple[int, int] | None] = {
+    "model_call": None,
+    "after_model_commit": None,
+    "tool_call": (1, 2),  # started in the ledger, never sent: sent once, on the re-run
+    "after_tool": (2, 2),  # sent, outcome lost: re-sent with the same key
+    "after_step_commit": None,
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_kill_at_each_point_resumes_with_every_side_effect_once(
+    point: str, stack: StackFactory, tenant: TenantHandle, tmp_path: Path
+) -> None:
+    marker = tmp_path / "killed"
+    with Receiver() as receiver:
+        agent = PostingAgent(receiver, tool_steps=2)
+        with OpenAIServer(responder=agent) as llm:
+            env = {**FAST, **model_env(llm), "RATCHET_FAILPOINTS": f"{point}=kill_once:{marker}"}
+            fleet = stack(workers=2, concurrency=1, env=env)
+            started = pool_pids(fleet)
+            with fleet.client(headers=tenant.headers) as http:
+                labels = submit_all(http, {f"k{n}": posting_task(f"k{n}") for n in range(2)})
+                tasks = wait_all(http, None, labels, timeout=60)
+                timelines = {task_id: timeline(http, task_id) for task_id in labels}
+
+    assert marker.exists(), "no worker reached the failpoint"
+    assert len(started - pool_pids(fleet)) == 1, "the process at the failpoint was not killed"
+    for task_id, task in tasks.items():
+        assert task["status"] == "succeeded", task
+        assert task["result"]["output"].startswith(f"{labels[task_id]} done"), task
+        check_no_duplicates(task_id, timelines[task_id], expected_steps=3)
+    # The model was asked once per step: a kill before the call leaves nothing to repeat, a
+    # kill after it finds the answer committed.
+    assert {key: len(requests) for key, requests in agent.asked().items()} == {
+        (label, step): 1 for label in labels.values() for step in (1, 2, 3)
+    }
+    deliveries = receiver.by_key()
+    outcomes: Counter[tuple[int, int]] = Counter()
+    for task_id, steps in timelines.items():
+        for step in steps[:2]:
+            [call] = step["tool_calls"]
+            assert call["status"] == "succeeded", call
+            seen = deliveries[call["idempotency_key"]]
+            assert {d.key for d in seen} == {f"{task_id}:{step['number']}-0"}
+            outcomes[(len(seen), call["runs"])] += 1
+    interrupted = KILL_POINTS[point]
+    expected = Counter({(1, 1): 4})
+    if interrupted is not None:
+        expected = Counter({(1, 1): 3, interrupted: 1})
+    assert outcomes == expected
+
+
+def test_kill_during_a_non_idempotent_tool_fails_with_unknown_outcome(
+    stack: StackFactory, tenant: TenantHandle, tmp_path: Path
+) -> None:
+    marker, journal = tmp_path / "killed", tmp_path / "journal"
+    journal.touch()
+    env = {
+        **FAST,
+        "RATCHET_FAILPOINTS": f"after_tool=kill_once:{marker}",
+        "RATCHET_TEST_JOURNAL": str(journal),
+    }
+    fleet = stack(workers=2, concurrency=1, env=env)
+    started = pool_pids(fleet)
+    script = [tool_turn("send_email", to="a@example.com", subject="hi"), {"content": "sent"}]
+    with fleet.client(headers=tenant.headers) as http:
+        [task_id] = submit_all(http, {"mail": scripted_task(script, agent="ops")})
+        task = wait_all(http, None, [task_id], timeout=60)[task_id]
+        [step] = timeline(http, task_id)
+
+    assert marker.exists()
+    assert len(started - pool_pids(fleet)) == 1
+    assert task["status"] == "failed", task
+    assert task["error"]["type"] == "tool_outcome_unknown", task
+    assert "send_email" in task["error"]["message"]
+    assert journal.read_text().splitlines() == [f"email {task_id}:1-0"]  # sent once, not again
+    [call] = step["tool_calls"]
+    assert (call["status"], call["runs"]) == ("failed", 1), call
+    types = event_types(task_id)
+    assert types.count("step.model_response") == 1
+    assert types[-1] == "task.failed"
+
+
+# -- 3. duplicate delivery ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def publisher(fleet: Stack) -> Iterator[Callable[[str, int], None]]:
+    """Publish ``advance_task(task_id, step)`` messages on the stack's queue, as the API does."""
+    from shared.constants import ADVANCE_TASK
+    from shared.queue import configure
+    from shared.settings import Settings
+
+    settings = Settings(
+        redis_url=fleet.env["RATCHET_REDIS_URL"],
+        broker_url=fleet.env["RATCHET_BROKER_URL"],
+        queue_name=fleet.env["RATCHET_QUEUE_NAME"],
+    )
+    app = Celery("ratchet-test-publisher", set_as_current=False)
+    configure(app, settings)
+
+    def publish(task_id: str, step: int) -> None:
+        app.send_task(ADVANCE_TASK, args=[task_id, step], queue=settings.queue_name)
+
+    try:
+        yield publish
+    finally:
+        app.close()
+
+
+def test_a_step_delivered_three_times_at_once_runs_once(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    with Receiver() as receiver:
+        agent = PostingAgent(receiver, tool_steps=2, delay=0.5)
+        with OpenAIServer(responder=agent) as llm:
+            fleet = stack(workers=3, concurrency=1, env={**FAST, **model_env(llm)})
+            with fleet.client(headers=tenant.headers) as http, publisher(fleet) as publish:
+                labels: dict[str, str] = {}
+                for n in range(2):
+                    labels |= submit_all(http, {f"d{n}": posting_task(f"d{n}")})
+                    task_id = next(reversed(labels))
+                    publish(task_id, 1)  # the same message again, twice, while the first runs
+                    publish(task_id, 1)
+                tasks = wait_all(http, None, labels, timeout=60)
+                timelines = {task_id: timeline(http, task_id) for task_id in labels}
+
+    logs = all_logs(fleet)
+    for task_id, task in tasks.items():
+        assert task["status"] == "succeeded", task
+        check_no_duplicates(task_id, timelines[task_id], expected_steps=3)
+        # The copies reached other workers while the step ran, and were turned away there.
+        assert re.search(rf"no lease for {task_id}: (held by another worker|lost the race)", logs)
+    assert {key: len(requests) for key, requests in agent.asked().items()} == {
+        (label, step): 1 for label in labels.values() for step in (1, 2, 3)
+    }
+    deliveries = receiver.by_key()
+    assert sorted(deliveries) == sorted(f"{t}:{s}-0" for t in labels for s in (1, 2))
+    assert all(len(seen) == 1 for seen in deliveries.values()), deliveries
+    calls = [c for steps in timelines.values() for s in steps for c in s["tool_calls"]]
+    assert {c["runs"] for c in calls} == {1}
+
+
+def test_a_copy_delivered_during_the_last_allowed_attempt_is_turned_away(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    # One attempt allowed per step: the running one is the last. A copy of its message must
+    # find the lease held, as any copy does; the step has not died, it is still running.
+    fleet = stack(workers=2, concurrency=1, env={**FAST, "RATCHET_MAX_STEP_ATTEMPTS": "1"})
+    with fleet.client(headers=tenant.headers) as http, publisher(fleet) as publish:
+        script = [{"delay_ms": 2000, "content": "done"}]
+        [task_id] = submit_all(http, {"last": scripted_task(script)})
+        wait_for("a worker to lease the task", lambda: lease_of(task_id)[0] is not None)
+        publish(task_id, 1)
+        task = wait_all(http, None, [task_id], timeout=30)[task_id]
+
+    assert task["status"] == "succeeded", task["error"]
+    assert task["result"] == {"output": "done"}
+    assert re.search(rf"no lease for {task_id}: held by another worker", all_logs(fleet))
+
+
+# -- 4. a paused worker -------------------------------------------------------------------------
+
+
+SWEEP_LOCK = "pg_try_advisory_xact_lock"
+
+# Where a pause lands, as a predicate on (the paused worker's open statements, the task id).
+PAUSES: dict[str, Callable[[list[str], str], bool]] = {
+    # in its model call, between transactions
+    "between_transactions": lambda statements, task_id: not statements,
+    # in one of its step's transactions (a heartbeat or a write), which holds the task's row
+    "holding_the_task_row": lambda statements, task_id: (
+        bool(statements) and not any(SWEEP_LOCK in s for s in statements) and row_locked(task_id)
+    ),
+    # in its sweeper's transaction, which holds the fleet's sweep lock
+    "holding_the_sweep_lock": lambda statements, task_id: any(SWEEP_LOCK in s for s in statements),
+}
+
+
+def pause_worker(fleet: Stack, index: int, *, task_id: str, where: str) -> None:
+    """SIGSTOP worker ``index`` (its whole process group) at a moment that matches ``where``."""
+    pids = [fleet.worker_procs[index].pid, *fleet.worker_child_pids(index)]
+    deadline = time.monotonic() + 30
+    while True:
+        fleet.kill_worker(index, signal.SIGSTOP)
+        if PAUSES[where](open_transactions(pids), task_id):
+            return
+        fleet.kill_worker(index, signal.SIGCONT)
+        assert time.monotonic() < deadline, f"could not pause worker {index} {where}"
+        time.sleep(0.003)
+
+
+@pytest.mark.parametrize("where", list(PAUSES))
+def test_a_paused_worker_is_fenced_when_it_wakes(
+    where: str, stack: StackFactory, tenant: TenantHandle
+) -> None:
+    fleet = stack(workers=2, concurrency=1, env=FAST)
+    script = [{"delay_ms": 5000, **tool_turn("calculator", expression="6*7")}, {"content": "42"}]
+    with fleet.client(headers=tenant.headers) as http:
+        [task_id] = submit_all(http, {"paused": scripted_task(script)})
+        wait_for("a worker to lease the task", lambda: lease_of(task_id)[0] is not None)
+        owner, epoch = lease_of(task_id)
+        assert owner is not None
+        index = worker_of(fleet, owner_pid(owner))
+        # The whole worker stops, as in a VM freeze: in the middle of the step's model call,
+        # and perhaps in the middle of a transaction. Its lease runs out all the same, and
+        # another worker must take the task over within a few lease periods.
+        pause_worker(fleet, index, task_id=task_id, where=where)
+        try:
+            wait_for(
+                "another worker to take the task over",
+                lambda: lease_of(task_id)[1] > epoch,
+                timeout=3 * LEASE_TTL_SECONDS,
+            )
+            task = wait_all(http, None, [task_id], timeout=30)[task_id]
+        finally:
+            fleet.kill_worker(index, signal.SIGCONT)
+        assert task["status"] == "succeeded", task
+        assert task["result"] == {"output": "42"}
+
+        fenced = re.compile(rf"(fenced|LeaseLost).*{task_id}.*epoch {epoch}\b")
+        label = f"worker-{index}"
+        wait_for(
+            "the woken worker to be fenced", lambda: bool(fenced.search(fleet.log_text(label)))
+        )
+        time.sleep(0.5)  # anything it might still write, it would have written by now
+        steps = timeline(http, task_id)
+        after = http.get(f"/v1/tasks/{task_id}").json()
+
+    assert after == task  # the woken worker changed nothing
+    check_no_duplicates(task_id, steps, expected_steps=2)
+    [call] = steps[0]["tool_calls"]
+    assert (call["status"], call["result"], call["runs"]) == ("succeeded", 42, 1)
+    from shared.db import transaction
+    from shared.models import Step
+
+    with transaction() as session:
+        epochs = session.scalars(select(Step.lease_epoch).where(Step.task_id == task_id)).all()
+    assert epoch not in epochs  # every step was written under a later lease
+
+
+# -- 5. Redis flushed and restarted -------------------------------------------------------------
+
+
+class RedisServer:
+    """A redis-server of this test's own, on a free port, with nothing persisted."""
+
+    def __init__(self, directory: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            if IN_CI:
+                raise RuntimeError("redis-server is not installed")
+            pytest.skip("redis-server is not installed")
+        self.binary = binary
+        self.directory = directory
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        with (self.directory / "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, *args, "--dir", str(self.directory)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for("redis-server to answer", self._answers, timeout=10)
+
+    def _answers(self) -> bool:
+        assert self.proc is not None
+        assert self.proc.poll() is None, (self.directory / "redis.log").read_text()
+        try:
+            with redis.Redis.from_url(self.url, socket_timeout=1) as conn:
+                return bool(conn.ping())
+        except redis.RedisError:
+            return False
+
+    def flushall(self) -> None:
+        with redis.Redis.from_url(self.url) as conn:
+            conn.flushall()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """Request it before ``stack``: the stack's teardown still talks to this Redis."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def slow_steps(n: int, steps: int, delay_ms: int) -> list[dict[str, Any]]:
+    turns = [
+        {"delay_ms": delay_ms, **tool_turn("calculator", expression=f"{n}+{i}")}
+        for i in range(1, steps)
+    ]
+    return [*turns, {"delay_ms": delay_ms, "content": f"task {n} done"}]
+
+
+def test_redis_flushed_then_restarted_mid_run_loses_no_task(
+    private_redis: RedisServer, stack: StackFactory, tenant: TenantHandle
+) -> None:
+    env = {**FAST, "RATCHET_REDIS_URL": private_redis.url, "RATCHET_BROKER_URL": private_redis.url}
+    fleet = stack(workers=2, concurrency=2, env=env)
+    with fleet.client(headers=tenant.headers) as http:
+        bodies = {f"r{n}": scripted_task(slow_steps(n, 4, 300)) for n in range(16)}
+        labels = submit_all(http, bodies)
+        time.sleep(1.5)
+        private_redis.flushall()  # every queued and unacked message is gone
+        time.sleep(1.5)
+        private_redis.kill()  # … and then the broker itself
+        time.sleep(0.5)
+        # Accepted while the broker is away: committed, its message never sent.
+        labels |= submit_all(http, {"r16": scripted_task(slow_steps(16, 4, 300))})
+        time.sleep(0.5)
+        private_redis.start()  # back, empty
+        tasks = wait_all(http, None, labels, timeout=90)
+        timelines = {task_id: timeline(http, task_id) for task_id in labels}
+
+    for task_id, task in tasks.items():
+        n = int(labels[task_id][1:])
+        assert task["status"] == "succeeded", task
+        assert task["result"] == {"output": f"task {n} done"}
+        check_no_duplicates(task_id, timelines[task_id], expected_steps=4)
+    logs = all_logs(fleet)
+    assert "sweeper re-enqueued" in logs
+    swept = sum(int(n) for n in re.findall(r"sweeper re-enqueued (\d+)", logs))
+    print(f"the sweeper re-enqueued {swept} messages")
+
+
+# -- 6. Postgres connections cut ----------------------------------------------------------------
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class ConnectionCutter:
+    """Cuts connections to the test database until the given tasks are all terminal: every
+    ``every`` seconds all of them, and in between, every ``sniping`` seconds, those caught
+    mid-query or mid-transaction. It watches the tasks on a connection of its own, which it
+    spares."""
+
+    ALL = "TRUE"
+    BUSY = "state <> 'idle'"
+
+    def __init__(
+        self, database_url: str, task_ids: Iterable[str], *, every: float, sniping: float
+    ) -> None:
+        self.url = _libpq(database_url)
+        self.task_ids = list(task_ids)
+        self.every = every
+        self.sniping = sniping
+        self.rounds = 0
+        self.terminated = Counter[str]()
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="connection-cutter", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                next_round = time.monotonic() + self.every
+                while not self._stop.wait(self.sniping) and self._unfinished(conn):
+                    if time.monotonic() >= next_round:
+                        next_round += self.every
+                        self.rounds += 1
+                        self._cut(conn, self.ALL)
+                    else:
+                        self._cut(conn, self.BUSY)
+        except BaseException as exc:
+            self.error = exc
+
+    def _unfinished(self, conn: psycopg.Connection[Any]) -> bool:
+        row = conn.execute(
+            "SELECT count(*) FROM tasks WHERE id = ANY(%s) AND status <> ALL(%s)",
+            (self.task_ids, list(TERMINAL)),
+        ).fetchone()
+        return row is not None and row[0] > 0
+
+    def _cut(self, conn: psycopg.Connection[Any], which: str) -> None:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid), state FROM pg_stat_activity "
+            f"WHERE datname = current_database() AND pid <> pg_backend_pid() AND {which}"
+        ).fetchall()
+        self.terminated.update(state or "none" for done, state in rows if done)
+
+    def __enter__(self) -> ConnectionCutter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.error is not None:
+            raise self.error
+
+    def wait(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"tasks unfinished after {timeout} s of cuts"
+
+
+def test_postgres_connections_cut_mid_run_every_task_completes(
+    stack: StackFactory, tenant: TenantHandle, database_url: str
+) -> None:
+    fleet = stack(workers=2, concurrency=2, env={**FAST, "RATCHET_MAX_STEP_ATTEMPTS": "50"})
+    with fleet.client(headers=tenant.headers) as http:
+        bodies = {f"p{n}": scripted_task(slow_steps(n, 4, 250)) for n in range(10)}
+        labels = submit_all(http, bodies)
+        with ConnectionCutter(database_url, labels, every=1.0, sniping=0.05) as cutter:
+            cutter.wait(timeout=90)
+        tasks = wait_all(http, None, labels, timeout=30)
+        timelines = {task_id: timeline(http, task_id) for task_id in labels}
+
+    errors = all_logs(fleet).count("OperationalError")
+    print(f"{cutter.rounds} rounds; connections cut: {dict(cutter.terminated)}; {errors} errors")
+    assert cutter.rounds >= 3, cutter.rounds
+    # Some were cut in the middle of a query or a transaction, not only while idle in a pool.
+    assert sum(n for state, n in cutter.terminated.items() if state != "idle") >= 5, (
+        cutter.terminated
+    )
+    for task_id, task in tasks.items():
+        n = int(labels[task_id][1:])
+        assert task["status"] == "succeeded", task
+        assert task["result"] == {"output": f"task {n} done"}
+        check_no_duplicates(task_id, timelines[task_id], expected_steps=4)
+
+
+# -- 7. a poison task ---------------------------------------------------------------------------
+
+
+class LeaseKiller:
+    """SIGKILLs whichever of the fleet's processes holds the task's lease, once per epoch."""
+
+    def __init__(self, fleet: Stack, task_id: str) -> None:
+        self.fleet = fleet
+        self.task_id = task_id
+        self.killed: list[int] = []  # the pids
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-killer", daemon=True)
+
+    def _run(self) -> None:
+        seen_epoch = 0
+        try:
+            while not self._stop.wait(0.05):
+                owner, epoch = lease_of(self.task_id)
+                if owner is None or epoch <= seen_epoch:
+                    continue
+                seen_epoch, pid = epoch, owner_pid(owner)
+                assert pid in pool_pids(self.fleet), f"{owner} is none of this fleet's processes"
+                os.kill(pid, signal.SIGKILL)
+                self.killed.append(pid)
+        except BaseException as exc:
+            self.error = exc
+
+    def __enter__(self) -> LeaseKiller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_task_that_kills_every_worker_fails_with_worker_lost(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    attempts = 3
+    fleet = stack(
+        workers=2, concurrency=1, env={**FAST, "RATCHET_MAX_STEP_ATTEMPTS": str(attempts)}
+    )
+    with fleet.client(headers=tenant.headers) as http:
+        [poison] = submit_all(http, {"poison": scripted_task([{"delay_ms": 1500, "content": "x"}])})
+        with LeaseKiller(fleet, poison) as killer:
+            bodies = {f"ok{n}": scripted_task(slow_steps(n, 3, 100)) for n in range(8)}
+            labels = submit_all(http, bodies)
+            tasks = wait_all(http, None, [poison, *labels], timeout=60)
+        timelines = {task_id: timeline(http, task_id) for task_id in labels}
+
+    failed = tasks.pop(poison)
+    assert failed["status"] == "failed", failed
+    assert failed["error"]["type"] == "worker_lost", failed
+    assert f"{attempts} attempts" in failed["error"]["message"], failed
+    # Each attempt ran until it was killed: none was cut short by the task failing under it.
+    assert len(killer.killed) == attempts, killer.killed
+    types = event_types(poison)
+    assert "step.model_response" not in types
+    assert types[-1] == "task.failed"
+    for task_id, task in tasks.items():
+        n = int(labels[task_id][2:])
+        assert task["status"] == "succeeded", task
+        assert task["result"] == {"output": f"task {n} done"}
+        check_no_duplicates(task_id, timelines[task_id], expected_steps=3)
