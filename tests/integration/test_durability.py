@@ -8,6 +8,7 @@ that kill real worker processes live in tests/e2e.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -297,6 +298,7 @@ def test_long_backoff_goes_back_through_the_queue(
         assert (task.status, task.steps, task.model_failures) == ("running", 0, 1)
         assert task.lease_owner is None
         assert task.lease_expires_ms is None
+        time.sleep(1.2)  # the 429 paused the model for a second, fleet-wide
         assert drive(task_id) == "succeeded"
         assert task_row(task_id).model_failures == 0
     finally:
