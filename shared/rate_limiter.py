@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Protocol, cast
 
 import redis
@@ -42,11 +42,11 @@ class Bucket:
     period_s: float = 60.0
     capacity: float | None = None
 
-    @property
+    @cached_property
     def burst(self) -> float:
         return self.capacity if self.capacity is not None else self.rate
 
-    @property
+    @cached_property
     def per_ms(self) -> float:
         return self.rate / (self.period_s * 1000)
 
@@ -66,6 +66,9 @@ class Decision:
     @property
     def blocked(self) -> bool:
         return self.scope is not None and self.scope.startswith("blocked:")
+
+
+GRANTED = Decision(True)
 
 
 class Limiter(Protocol):
@@ -93,7 +96,7 @@ if wait > 0 then
   redis.call('HINCRBY', stats, 'denied:' .. who, 1)
   redis.call('HINCRBY', stats, 'wait_ms:' .. who, wait)
   redis.call('PEXPIRE', stats, 600000)
-  return {0, wait, 'blocked:' .. who}
+  return {wait, 'blocked:' .. who}
 end
 local levels = {}
 for i = 1, n do
@@ -113,12 +116,12 @@ if wait > 0 then
   redis.call('HINCRBY', stats, 'denied:' .. who, 1)
   redis.call('HINCRBY', stats, 'wait_ms:' .. who, wait)
   redis.call('PEXPIRE', stats, 600000)
-  return {0, wait, who}
+  return {wait, who}
 end
 for i = 1, n do
   redis.call('HSET', KEYS[i], 'level', levels[i], 'ts', now)
 end
-return {1, 0, ''}
+return 0
 """
 # The "go" path writes only the buckets: grants are counted in each process and added to the
 # stats hash about once a second (FLUSH_SECONDS), which keeps the common decision short.
@@ -151,7 +154,7 @@ return tostring(math.min(burst, level + math.max(0, now - ts) * per_ms))
 
 
 def _minute() -> int:
-    return int(time.time() // 60)
+    return int(time.time()) // 60
 
 
 BUCKET_PREFIX = f"{RATE_LIMIT_PREFIX}bucket:"
@@ -190,7 +193,7 @@ class RedisLimiter:
     def acquire(self, takes: Sequence[Take], *, blocks: Sequence[str] = ()) -> Decision:
         """Take from every bucket or from none; ``blocks`` are scopes a 429 may have paused."""
         if not takes and not blocks:
-            return Decision(True)
+            return GRANTED
         keys = [BUCKET_PREFIX + t.bucket.scope for t in takes]
         keys += [BLOCK_PREFIX + scope for scope in blocks]
         keys.append(self.stats_key(_minute()))
@@ -199,14 +202,22 @@ class RedisLimiter:
             bucket = take.bucket
             args += [bucket.per_ms, bucket.burst, min(take.cost, bucket.burst)]
         try:
-            allowed, wait, scope = self._acquire(keys=keys, args=args)
+            answer = self._evalsha(keys, args)
         except redis.RedisError as exc:
             raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
-        if allowed:
+        if answer == 0:
             self._count_granted(takes)
-            return Decision(True)
+            return GRANTED
+        wait, scope = answer
         who = scope.decode() if isinstance(scope, bytes) else str(scope)
         return Decision(False, retry_after_ms=int(wait), scope=who)
+
+    def _evalsha(self, keys: list[str], args: list[Any]) -> Any:
+        """The script by its hash (loading it once if Redis does not know it yet)."""
+        try:
+            return self.client.evalsha(self._acquire.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return self._acquire(keys=keys, args=args)
 
     def _count_granted(self, takes: Sequence[Take]) -> None:
         with self._granted_lock:
