@@ -18,9 +18,9 @@ import httpx
 
 from shared import metrics, outbox, webhook_secrets
 from shared.db import transaction
-from shared.egress import check_url, pinned_request
+from shared.egress import Destination, check_url, pinned_request
 from shared.errors import EgressDenied
-from shared.models import utcnow
+from shared.models import WebhookDelivery, utcnow
 from shared.queue import enqueue_deliveries
 from shared.settings import get_settings
 from shared.signing import sign
@@ -91,6 +91,26 @@ def deliver(delivery_id: str) -> str | None:
         with transaction() as session:
             outbox.fail_permanently(session, delivery, f"refused by the egress policy: {exc}")
         return outbox.FAILED
+    result = send(delivery, destination, secrets)
+    with transaction() as session:
+        status, delay = outbox.record_attempt(
+            session, delivery, result, schedule=settings.webhook_retry_schedule
+        )
+    metrics.webhook_attempts.labels(outcome=status).inc()
+    metrics.webhook_seconds.observe(result.latency_ms / 1000)
+    if delay is not None and delay <= settings.visibility_timeout_seconds / 2:
+        try:
+            enqueue_deliveries([delivery.id], delay_s=delay)
+        except Exception:
+            log.warning("could not schedule the retry; the sweeper will", exc_info=True)
+    log.info("webhook %s attempt %d: %s", delivery.id, delivery.attempts, status)
+    return status
+
+
+def send(
+    delivery: WebhookDelivery, destination: Destination, secrets: list[str]
+) -> outbox.AttemptResult:
+    """One signed POST of the delivery's payload; any outcome is an AttemptResult."""
     body = json.dumps(delivery.payload, separators=(",", ":")).encode()
     msg_id = f"msg_{delivery.id}"
     timestamp = int(time.time())
@@ -113,22 +133,9 @@ def deliver(delivery_id: str) -> str | None:
             error = f"the receiver answered {status_code}: {response.text[:200]}"
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
-    result = outbox.AttemptResult(
+    return outbox.AttemptResult(
         started_at=started_at,
         status_code=status_code,
         latency_ms=int((time.perf_counter() - started) * 1000),
         error=error,
     )
-    with transaction() as session:
-        status, delay = outbox.record_attempt(
-            session, delivery, result, schedule=settings.webhook_retry_schedule
-        )
-    metrics.webhook_attempts.labels(outcome=status).inc()
-    metrics.webhook_seconds.observe(result.latency_ms / 1000)
-    if delay is not None and delay <= settings.visibility_timeout_seconds / 2:
-        try:
-            enqueue_deliveries([delivery.id], delay_s=delay)
-        except Exception:
-            log.warning("could not schedule the retry; the sweeper will", exc_info=True)
-    log.info("webhook %s attempt %d: %s", delivery.id, delivery.attempts, status)
-    return status
