@@ -72,6 +72,22 @@ def worker_id() -> str:
 
 def advance(task_id: str, step: int | None = None) -> None:
     """Run one step of ``task_id`` if it is ours to run, then enqueue whatever comes next."""
+    ctx = lease_step(task_id, step)
+    if ctx is None:
+        return
+    started, outcome = time.perf_counter(), "ended"
+    try:
+        outcome = run_leased(ctx)
+    finally:
+        metrics.steps.labels(outcome=outcome).inc()
+        metrics.step_seconds.observe(time.perf_counter() - started)
+    if outcome == "committed":
+        enqueue_step(task_id, ctx.lease.step + 1)
+
+
+def lease_step(task_id: str, step: int | None) -> Context | None:
+    """Take the task's lease and read the step's context in one transaction, or say why not
+    (and come back later if another worker's lease may still run out)."""
     settings = get_settings()
     with transaction() as session:
         lease = task_store.take_lease(
@@ -87,43 +103,39 @@ def advance(task_id: str, step: int | None = None) -> None:
         log.info("no lease for %s: %s", task_id, lease.reason, extra={"task_id": task_id})
         if lease.retry_in_ms and step is not None:
             enqueue_step(task_id, step, delay_ms=lease.retry_in_ms + 100)
-        return
-    assert ctx is not None
+        return None
     if lease.started:
         after_commit(task_id, list(lease.deliveries))
-    extra = {"task_id": task_id, "step": lease.step, "lease_epoch": lease.epoch}
-    started, outcome = time.perf_counter(), "ended"
+    return ctx
+
+
+def run_leased(ctx: Context) -> str:
+    """Run the leased step; returns "committed", "finished", "ended" or "fenced"."""
+    lease = ctx.lease
+    extra = {"task_id": lease.task_id, "step": lease.step, "lease_epoch": lease.epoch}
     try:
         with heartbeat.kept(lease):
-            finished = run_step(ctx)
-        outcome = "finished" if finished else "committed"
+            return "finished" if run_step(ctx) else "committed"
     except LeaseLost as exc:
-        outcome = "fenced"
         log.warning("fenced: %s", exc, extra=extra)
-        return
+        return "fenced"
     except DBAPIError as exc:
         if not session_ended(exc):
             raise
         # The database ended this worker's session (it stalled past the idle-in-transaction
         # limit, or was cut off): its open transaction was rolled back. As when fenced, stop;
         # the lease runs out and the task carries on elsewhere.
-        outcome = "fenced"
         log.warning(
             "fenced: task %s: the database ended this worker's session (lease epoch %d); "
             "its writes were rolled back: %s",
-            task_id,
+            lease.task_id,
             lease.epoch,
             exc.orig,
             extra=extra,
         )
-        return
+        return "fenced"
     except TaskEnded:
-        return
-    finally:
-        metrics.steps.labels(outcome=outcome).inc()
-        metrics.step_seconds.observe(time.perf_counter() - started)
-    if not finished:
-        enqueue_step(task_id, lease.step + 1)
+        return "ended"
 
 
 def session_ended(exc: DBAPIError) -> bool:
