@@ -57,10 +57,6 @@ def load_history(session: Session, task_id: str) -> tuple[list[Step], list[ToolC
     return steps, calls
 
 
-def get_step(session: Session, task_id: str, number: int) -> Step | None:
-    return session.get(Step, (task_id, number), populate_existing=True)
-
-
 def record_model_response(
     session: Session, lease: Lease, call: ModelCall, *, final: bool = False
 ) -> None:

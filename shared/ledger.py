@@ -40,14 +40,6 @@ def calls_for_task(
     return session.scalars(query.order_by(ToolCall.step_number, ToolCall.position)).all()
 
 
-def get_call(session: Session, task_id: str, call_id: str) -> ToolCall | None:
-    return session.scalar(
-        select(ToolCall)
-        .where(ToolCall.task_id == task_id, ToolCall.call_id == call_id)
-        .execution_options(populate_existing=True)
-    )
-
-
 def start_call(
     session: Session,
     lease: Lease,

@@ -31,6 +31,7 @@ PENDING, SENDING, DELIVERED, FAILED, DISABLED = (
     "failed",
     "disabled",
 )
+SUPERSEDED = "superseded"  # not a row status: a late sender whose claim was taken over
 ENDPOINT_CACHE_SECONDS = 5.0
 _INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__)).values(
     next_attempt_ms=now_ms() + bindparam("b_first_delay_ms", type_=BigInteger)
@@ -155,17 +156,11 @@ def record_attempt(
     *,
     schedule: Sequence[float],
 ) -> tuple[str, float | None]:
-    """Log the attempt and move the delivery on; returns (new status, seconds to next try)."""
-    session.add(
-        WebhookAttempt(
-            delivery_id=delivery.id,
-            number=delivery.attempts,
-            started_at=result.started_at,
-            status_code=result.status_code,
-            latency_ms=result.latency_ms,
-            error=result.error,
-        )
-    )
+    """Log the attempt and move the delivery on; returns (new status, seconds to next try).
+
+    Only the holder of the current claim records: a sender whose claim ran out and was taken
+    over by another records nothing (status ``superseded``).
+    """
     code = result.status_code
     delay: float | None = None
     values: dict[str, Any] = {
@@ -184,11 +179,24 @@ def record_attempt(
             values |= {"status": FAILED, "next_attempt_ms": None}
         else:
             values |= {"status": PENDING, "next_attempt_ms": now_ms() + int(delay * 1000)}
-    session.execute(
+    done = session.execute(
         update(WebhookDelivery)
         .where(WebhookDelivery.id == delivery.id, WebhookDelivery.status == SENDING)
+        .where(WebhookDelivery.attempts == delivery.attempts)  # still our claim
         .values(values)
         .execution_options(synchronize_session=False)
+    )
+    if done.rowcount != 1:  # type: ignore[attr-defined]
+        return SUPERSEDED, None
+    session.add(
+        WebhookAttempt(
+            delivery_id=delivery.id,
+            number=delivery.attempts,
+            started_at=result.started_at,
+            status_code=result.status_code,
+            latency_ms=result.latency_ms,
+            error=result.error,
+        )
     )
     return str(values["status"]), delay
 

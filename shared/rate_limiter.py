@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -174,6 +175,7 @@ class RedisLimiter:
         self._granted: dict[str, int] = {}
         self._granted_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
+        self._flusher_pid = 0
         self._acquire = client.register_script(ACQUIRE)
         self._adjust = client.register_script(ADJUST)
         self._level = client.register_script(LEVEL)
@@ -224,7 +226,8 @@ class RedisLimiter:
             for take in takes:
                 scope = take.bucket.scope
                 self._granted[scope] = self._granted.get(scope, 0) + 1
-            if self._flusher is None:
+            if self._flusher is None or self._flusher_pid != os.getpid():  # none since a fork
+                self._flusher_pid = os.getpid()
                 self._flusher = threading.Thread(
                     target=self._flush_forever, name="ratchet-limiter-stats", daemon=True
                 )

@@ -282,6 +282,7 @@ def _refusal(
 
 
 HELD = "held by another worker"
+CANCELLED_ERROR = {"type": "cancelled", "message": "cancelled at the client's request"}
 
 
 def _why_held(session: Session, task_id: str, ttl_ms: int) -> LeaseRefused:
@@ -437,8 +438,6 @@ def write(
     CancelRequested if the client asked to cancel (unless ``honour_cancel`` is False).
     Returns the webhook deliveries its events queued, to be sent once it commits.
     """
-    if values and values.get("status") in TaskStatus.TERMINAL:
-        metrics.tasks_finished.labels(status=values["status"]).inc()
     changes: dict[str, Any] = {
         "lease_expires_ms": FromNow(lease.ttl_ms),
         "updated_at": utcnow(),
@@ -455,6 +454,8 @@ def write(
         row = session.execute(statement, params).one_or_none()
         if row is not None:
             task = cast(TaskState, row)
+            if task.status in TaskStatus.TERMINAL:
+                metrics.tasks_finished.labels(status=task.status).inc()
             return insert_events(session, events, task=task, subscriptions=subscriptions)
     else:
         last_seq = session.scalar(statement, params)
@@ -598,16 +599,11 @@ def request_cancel(
             update(Task)
             .where(Task.id == task_id, Task.lease_epoch == task.lease_epoch)
             .where(Task.status.not_in(TaskStatus.TERMINAL))
-            .values(
-                status=TaskStatus.CANCELLED,
-                finished_at=utcnow(),
-                updated_at=utcnow(),
-                due_ms=None,
-                error={"type": "cancelled", "message": "cancelled at the client's request"},
-            )
+            .values(_terminal(TaskStatus.CANCELLED, error=CANCELLED_ERROR))
             .execution_options(synchronize_session=False)
         )
         if done.rowcount == 1:  # type: ignore[attr-defined]
+            metrics.tasks_finished.labels(status=TaskStatus.CANCELLED).inc()
             session.refresh(task)
             _log_event(session, task, "task.cancelled", deliveries)
             return task

@@ -43,7 +43,7 @@ from workers.models import ModelRequest, ModelResponse, ToolCallRequest, get_pro
 from workers.models.base import Message, ToolSchema
 
 log = logging.getLogger("ratchet.step")
-CANCELLED_ERROR = {"type": "cancelled", "message": "cancelled at the client's request"}
+CANCELLED_ERROR = task_store.CANCELLED_ERROR
 
 
 class TaskEnded(Exception):
@@ -67,7 +67,11 @@ class Context:
 
 
 def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    """``host:pid:thread``: who holds a lease (the pid is read each time: workers fork)."""
+    return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"
+
+
+_HOST = socket.gethostname()
 
 
 def advance(task_id: str, step: int | None = None) -> None:
@@ -505,7 +509,7 @@ def record_outcome(
     ``end_task`` (an error) the task fails in it."""
     lease = ctx.lease
     status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
-    metrics.tool_calls.labels(tool=name, status=status).inc()
+    metrics.tool_calls.labels(tool=name if name in ctx.tools else "unknown", status=status).inc()
     event = {
         "step": lease.step,
         "call_id": call_id,

@@ -96,6 +96,8 @@ def deliver(delivery_id: str) -> str | None:
         status, delay = outbox.record_attempt(
             session, delivery, result, schedule=settings.webhook_retry_schedule
         )
+    if status == outbox.SUPERSEDED:  # our claim ran out; another sender owns it now
+        return status
     metrics.webhook_attempts.labels(outcome=status).inc()
     metrics.webhook_seconds.observe(result.latency_ms / 1000)
     if delay is not None and delay <= settings.visibility_timeout_seconds / 2:
