@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from ratchet import Agent, ToolContext, register_agent, tool
@@ -30,6 +31,14 @@ def charge_card(amount_cents: int, context: ToolContext) -> str:
     return f"charged {amount_cents}"
 
 
+@tool(timeout=0.2)
+def slow_send(seconds: float, context: ToolContext) -> str:
+    """Send something slowly (not idempotent, with a 0.2 s limit)."""
+    time.sleep(seconds)
+    _record("slow", context)
+    return "sent"
+
+
 @tool(idempotent=True)
 def upsert_record(key: str, context: ToolContext) -> str:
     """Write a record by key (idempotent: safe to run again)."""
@@ -42,6 +51,14 @@ register_agent(
         name="ops",
         description="Test agent with side-effecting tools.",
         system_prompt="You run operations.",
-        tools=("send_email", "charge_card", "upsert_record", "calculator", "sleep", "http_request"),
+        tools=(
+            "send_email",
+            "charge_card",
+            "slow_send",
+            "upsert_record",
+            "calculator",
+            "sleep",
+            "http_request",
+        ),
     )
 )

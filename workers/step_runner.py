@@ -452,8 +452,7 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         return False
     tool = ctx.tools.get(call.name)
     if row is not None and tool is not None and not tool.idempotent:
-        resolve_unknown_outcome(ctx, tool, call_id)
-        return False
+        return resolve_unknown_outcome(ctx, tool, call_id, last=last)
     with fenced(ctx) as writes:
         writes.write()
         if row is None:
@@ -471,6 +470,10 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     failpoints.hit("tool_call")
     outcome = invoke(ctx, tool, call, call_id)
     failpoints.hit("after_tool")
+    if outcome.unknown and tool is not None and not tool.idempotent:
+        # An abandoned call may still act: as after a crash, the tool's policy decides.
+        why = f"{outcome.error}; it may still complete"
+        return resolve_unknown_outcome(ctx, tool, call_id, why=why, last=last)
     record_outcome(ctx, call_id=call_id, name=call.name, outcome=outcome, last=last)
     return last
 
@@ -540,16 +543,24 @@ def record_outcome(
             checkpoints.complete_step(writes.session, lease)
 
 
-def resolve_unknown_outcome(ctx: Context, tool: Tool, call_id: str) -> None:
-    """A non-idempotent call was started but never finished: apply the tool's policy."""
+def resolve_unknown_outcome(
+    ctx: Context,
+    tool: Tool,
+    call_id: str,
+    *,
+    why: str = "was interrupted by a crash",
+    last: bool = False,
+) -> bool:
+    """A non-idempotent call whose outcome is unknown: apply the tool's policy. Returns
+    whether the step's completion was committed with it."""
     message = (
-        f"tool call {call_id} ({tool.name}) was interrupted by a crash; its outcome is unknown "
+        f"tool call {call_id} ({tool.name}) {why}; its outcome is unknown "
         "and the tool is not idempotent, so it was not run again"
     )
     unknown = tool_runner.Outcome(ok=False, error=message)
     if tool.on_unknown_outcome == "tell_model":
-        record_outcome(ctx, call_id=call_id, name=tool.name, outcome=unknown, last=False)
-        return
+        record_outcome(ctx, call_id=call_id, name=tool.name, outcome=unknown, last=last)
+        return last
     error = {"type": "tool_outcome_unknown", "message": message}
     record_outcome(
         ctx, call_id=call_id, name=tool.name, outcome=unknown, last=False, end_task=error

@@ -17,6 +17,7 @@ class Outcome:
     ok: bool
     result: Any = None
     error: str | None = None
+    unknown: bool = False  # the call overran its limit and may still finish
 
 
 def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outcome:
@@ -33,7 +34,7 @@ def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outc
     try:
         return Outcome(ok=True, result=_jsonable(future.result(timeout=limit)))
     except concurrent.futures.TimeoutError:
-        return Outcome(ok=False, error=f"{tool.name} timed out after {limit:g} s")
+        return Outcome(ok=False, error=f"{tool.name} timed out after {limit:g} s", unknown=True)
     except RatchetError as exc:
         return Outcome(ok=False, error=str(exc))
     except Exception as exc:  # a tool's bug goes back to the model, it does not crash the task

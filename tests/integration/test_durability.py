@@ -401,3 +401,20 @@ def test_sweeper_re_enqueues_a_task_whose_message_was_lost(
     assert due > 1
     with transaction() as session:
         assert task_id not in [t for t, _ in task_store.due_for_sweep(session, grace_ms=30_000)]
+
+
+def test_a_non_idempotent_call_that_overruns_its_limit_is_an_unknown_outcome(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
+) -> None:
+    """An abandoned call may still act, so it is treated like one cut off by a crash."""
+    body = scripted_task([tool_turn("slow_send", seconds=0.6), {"content": "again?"}], agent="ops")
+    task_id = submit(client, tenant, body)
+    assert drive(task_id) == "failed"
+    error = task_row(task_id).error
+    assert error is not None
+    assert error["type"] == "tool_outcome_unknown"
+    assert "timed out after 0.2 s" in error["message"]
+    (row,) = ledger_rows(task_id)
+    assert (row.status, row.runs) == ("failed", 1)
+    time.sleep(0.6)  # the abandoned call finishes on its own, once: nothing ran it again
+    assert journal.read_text().count("slow") == 1
