@@ -489,7 +489,10 @@ def test_chaos_kills_lose_no_task_and_repeat_no_side_effect(
             seen = deliveries.get(key, [])
             assert seen, f"{key}: the receiver never saw the call the ledger says succeeded"
             sent = {"task": label, "step": step["number"]}
-            assert all(d.body == sent for d in seen), seen
+            # A kill can land mid-request: the receiver then saw the headers (the key) but
+            # not the whole body. At least one request arrived whole, and none differs.
+            assert all(d.body in (sent, None) for d in seen), seen
+            assert any(d.body == sent for d in seen), seen
             # A repeat is a re-run after a kill, with the same key, and the ledger counts it.
             assert len(seen) <= call["runs"], (key, len(seen), call)
             for first, then in itertools.pairwise(seen):
