@@ -10,7 +10,7 @@ import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -468,6 +468,11 @@ def write(
                 last_seq=last_seq,
                 subscriptions=subscriptions,
             )
+    _refuse(session, lease)
+
+
+def _refuse(session: Session, lease: Lease) -> NoReturn:
+    """Why a fenced write matched nothing: a requested cancel, else a lost lease."""
     cancel = session.scalar(select(Task.cancel_requested).where(_held(lease)))
     if cancel:
         raise CancelRequested(f"task {lease.task_id}: cancellation requested")
