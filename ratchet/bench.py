@@ -60,6 +60,10 @@ def emit(name: str, result: dict[str, Any]) -> None:
 # --- checkpoint --------------------------------------------------------------------------
 
 
+def _unwrapped(value: Any) -> Any:
+    return getattr(value, "obj", None) if hasattr(value, "obj") else str(value)
+
+
 @dataclass
 class WriteMeter:
     """Counts write transactions and the bytes of written parameters, per label."""
@@ -74,10 +78,17 @@ class WriteMeter:
 
         @event.listens_for(engine, "before_cursor_execute")
         def _execute(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
-            verb = statement.lstrip().split(" ", 1)[0].upper()
-            if verb in ("INSERT", "UPDATE", "DELETE"):
+            words = statement.lstrip().upper()
+            if not words.startswith(("INSERT", "UPDATE", "DELETE")) and not (
+                words.startswith("WITH") and any(v in words for v in ("INSERT", "UPDATE"))
+            ):
+                return
+            # psycopg's Jsonb wrapper prints abbreviated: measure what it wraps
+            self.bytes[self.label] += len(json.dumps(params, default=_unwrapped))
+            if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+                self.commits[self.label] += 1  # a write statement in autocommit commits alone
+            else:
                 self._dirty.add(id(conn))
-                self.bytes[self.label] += len(json.dumps(params, default=str))
 
         @event.listens_for(engine, "commit")
         def _commit(conn: Any) -> None:

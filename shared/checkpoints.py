@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
+from shared.batch import Add, Change
 from shared.models import Step, ToolCall, utcnow
 from shared.task_store import Lease
 
-_INSERT_STEP = insert(cast(Table, Step.__table__))  # built once: it runs every step
+_STEPS = cast(Table, Step.__table__)
 MODEL_RESPONDED = "model_responded"
 COMPLETED = "completed"
 
@@ -57,35 +58,31 @@ def load_history(session: Session, task_id: str) -> tuple[list[Step], list[ToolC
     return steps, calls
 
 
-def record_model_response(
-    session: Session, lease: Lease, call: ModelCall, *, final: bool = False
-) -> None:
-    """Checkpoint the model's answer for ``lease.step``; the caller has fenced the lease.
+def model_response(lease: Lease, call: ModelCall, *, final: bool = False) -> Add:
+    """The checkpoint of the model's answer for ``lease.step``, written with a fenced write.
 
     A ``final`` answer (no tool calls) completes its step in the same write.
     """
     now = utcnow()
-    step = {
-        "task_id": lease.task_id,
-        "number": lease.step,
-        "status": COMPLETED if final else MODEL_RESPONDED,
-        "response": call.response,
-        "input_tokens": call.input_tokens,
-        "output_tokens": call.output_tokens,
-        "cost_usd": call.cost_usd,
-        "model_latency_ms": call.latency_ms,
-        "lease_epoch": lease.epoch,
-        "started_at": call.started_at,
-        "model_completed_at": now,
-        "completed_at": now if final else None,
-    }
-    session.execute(_INSERT_STEP, step)
-
-
-def complete_step(session: Session, lease: Lease) -> None:
-    session.execute(
-        update(Step)
-        .where(Step.task_id == lease.task_id, Step.number == lease.step)
-        .values(status=COMPLETED, completed_at=utcnow())
-        .execution_options(synchronize_session=False)
+    return Add(
+        _STEPS,
+        {
+            "task_id": lease.task_id,
+            "number": lease.step,
+            "status": COMPLETED if final else MODEL_RESPONDED,
+            "response": call.response,
+            "input_tokens": call.input_tokens,
+            "output_tokens": call.output_tokens,
+            "cost_usd": call.cost_usd,
+            "model_latency_ms": call.latency_ms,
+            "lease_epoch": lease.epoch,
+            "started_at": call.started_at,
+            "model_completed_at": now,
+            "completed_at": now if final else None,
+        },
     )
+
+
+def completion(lease: Lease) -> Change:
+    """``lease.step`` is complete (its tools have all run), written with a fenced write."""
+    return Change(_STEPS, {"number": lease.step}, {"status": COMPLETED, "completed_at": utcnow()})

@@ -106,6 +106,25 @@ def transaction() -> Iterator[Session]:
         yield session
 
 
+@contextmanager
+def write_session() -> Iterator[Session]:
+    """A session for writes that are each one atomic statement (see shared.batch).
+
+    On PostgreSQL it runs in autocommit: each statement commits on its own, which saves the
+    round trips of BEGIN and COMMIT. Elsewhere it is an ordinary transaction, committed at the
+    end, in which a batch runs as several statements.
+    """
+    engine = get_engine()
+    if engine.dialect.name != "postgresql":
+        with transaction() as session:
+            yield session
+        return
+    with engine.connect() as connection:
+        autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
+        with get_sessionmaker()(bind=autocommit) as session:
+            yield session
+
+
 def alembic_config(url: str | None = None) -> Any:
     from alembic.config import Config
 

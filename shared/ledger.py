@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
+from shared.batch import Add, Change, Increment
 from shared.models import ToolCall, utcnow
 from shared.task_store import Lease
 
-_INSERT_CALL = insert(cast(Table, ToolCall.__table__))  # built once: it runs every call
+_CALLS = cast(Table, ToolCall.__table__)
 STARTED = "started"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -40,8 +41,7 @@ def calls_for_task(
     return session.scalars(query.order_by(ToolCall.step_number, ToolCall.position)).all()
 
 
-def start_call(
-    session: Session,
+def started(
     lease: Lease,
     *,
     position: int,
@@ -49,52 +49,42 @@ def start_call(
     provider_call_id: str,
     tool: str,
     arguments: dict[str, Any],
-) -> None:
-    """Insert the ``started`` row; the unique (task, call id) turns a duplicate away."""
-    row = {
-        "task_id": lease.task_id,
-        "step_number": lease.step,
-        "position": position,
-        "call_id": call_id,
-        "provider_call_id": provider_call_id,
-        "tool": tool,
-        "arguments": arguments,
-        "status": STARTED,
-        "idempotency_key": idempotency_key(lease.task_id, call_id),
-        "runs": 1,
-        "lease_epoch": lease.epoch,
-        "started_at": utcnow(),
-    }
-    session.execute(_INSERT_CALL, row)
-
-
-def restart_call(session: Session, lease: Lease, call_id: str) -> None:
-    """Count one more run of a ``started`` call whose first run's outcome is unknown."""
-    session.execute(
-        update(ToolCall)
-        .where(ToolCall.task_id == lease.task_id, ToolCall.call_id == call_id)
-        .where(ToolCall.status == STARTED)
-        .values(runs=ToolCall.runs + 1, lease_epoch=lease.epoch)
-        .execution_options(synchronize_session=False)
+) -> Add:
+    """The ``started`` row, written with a fenced write before the tool runs; the unique
+    (task, call id) turns a duplicate away."""
+    return Add(
+        _CALLS,
+        {
+            "task_id": lease.task_id,
+            "step_number": lease.step,
+            "position": position,
+            "call_id": call_id,
+            "provider_call_id": provider_call_id,
+            "tool": tool,
+            "arguments": arguments,
+            "status": STARTED,
+            "idempotency_key": idempotency_key(lease.task_id, call_id),
+            "runs": 1,
+            "lease_epoch": lease.epoch,
+            "started_at": utcnow(),
+        },
     )
 
 
-def finish_call(
-    session: Session,
-    lease: Lease,
-    call_id: str,
-    *,
-    status: str,
-    result: Any = None,
-    error: str | None = None,
-) -> bool:
-    """Record the call's outcome. Only a ``started`` row changes; returns whether it did."""
+def rerun(lease: Lease, call_id: str) -> Change:
+    """One more run of a ``started`` call whose first run's outcome is unknown."""
+    return Change(
+        _CALLS,
+        {"call_id": call_id, "status": STARTED},
+        {"runs": Increment(1), "lease_epoch": lease.epoch},
+    )
+
+
+def outcome(call_id: str, *, status: str, result: Any = None, error: str | None = None) -> Change:
+    """The call's outcome; only a ``started`` row changes (a finished call is final)."""
     assert status in (SUCCEEDED, FAILED)
-    done = session.execute(
-        update(ToolCall)
-        .where(ToolCall.task_id == lease.task_id, ToolCall.call_id == call_id)
-        .where(ToolCall.status == STARTED)
-        .values(status=status, result=result, error=error, finished_at=utcnow())
-        .execution_options(synchronize_session=False)
+    return Change(
+        _CALLS,
+        {"call_id": call_id, "status": STARTED},
+        {"status": status, "result": result, "error": error, "finished_at": utcnow()},
     )
-    return done.rowcount == 1  # type: ignore[attr-defined,no-any-return]

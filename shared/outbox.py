@@ -70,6 +70,34 @@ def subscriptions_for(session: Session, task: TaskState) -> list[Subscription]:
     return subscriptions
 
 
+def delivery_rows(
+    subscriptions: Sequence[Subscription], events: Sequence[tuple[int, str, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """One delivery per (event, subscription) that wants it: ``offset`` is the event's key in
+    ``events`` (its seq, or its place in a batch), ``id`` the delivery's webhook-id."""
+    timestamp = datetime.now(UTC).isoformat()
+    return [
+        {
+            "id": new_id(),
+            "endpoint_id": sub.endpoint_id,
+            "offset": offset,
+            "event_type": type_,
+            "url": sub.url,
+            "payload": {"type": type_, "timestamp": timestamp, "data": data},
+        }
+        for offset, type_, data in events
+        for sub in subscriptions
+        if type_ in sub.events
+    ]
+
+
+def first_delay_ms() -> int:
+    """The wait before a delivery's first attempt: the schedule's first entry (normally 0)."""
+    from shared.settings import get_settings
+
+    return int(get_settings().webhook_retry_schedule[0] * 1000)
+
+
 def add_deliveries(
     session: Session,
     *,
@@ -78,33 +106,24 @@ def add_deliveries(
     subscriptions: Sequence[Subscription],
     events: Sequence[tuple[int, str, dict[str, Any]]],
 ) -> list[str]:
-    """Queue one delivery per (event, subscription) that wants it; returns their ids.
-
-    The first attempt is due after the schedule's first entry (normally 0: at once).
-    """
-    from shared.settings import get_settings
-
-    first_delay_ms = int(get_settings().webhook_retry_schedule[0] * 1000)
-    timestamp = datetime.now(UTC).isoformat()
+    """Queue one delivery per (event, subscription) that wants it; returns their ids."""
     rows = [
         {
-            "id": new_id(),
+            "id": d["id"],
             "tenant_id": tenant_id,
             "task_id": task_id,
-            "endpoint_id": sub.endpoint_id,
-            "event_seq": seq,
-            "event_type": type_,
-            "url": sub.url,
-            "payload": {"type": type_, "timestamp": timestamp, "data": data},
+            "endpoint_id": d["endpoint_id"],
+            "event_seq": d["offset"],
+            "event_type": d["event_type"],
+            "url": d["url"],
+            "payload": d["payload"],
             "status": PENDING,
             "attempts": 0,
             "attempts_base": 0,
             "created_at": utcnow(),
-            "b_first_delay_ms": first_delay_ms,
+            "b_first_delay_ms": first_delay_ms(),
         }
-        for seq, type_, data in events
-        for sub in subscriptions
-        if type_ in sub.events
+        for d in delivery_rows(subscriptions, events)
     ]
     if rows:
         session.execute(_INSERT_DELIVERY, rows)

@@ -10,6 +10,7 @@ import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any, NoReturn, cast
 
 from sqlalchemy import (
@@ -19,57 +20,83 @@ from sqlalchemy import (
     Table,
     Update,
     bindparam,
-    case,
     insert,
     select,
     update,
 )
 from sqlalchemy.orm import Session
 
-from shared import metrics, outbox
+from shared import batch, metrics, outbox
+from shared.batch import Batch, Increment, Part
 from shared.db import now_ms
 from shared.errors import CancelRequested, Conflict, LeaseLost, NotFound
 from shared.ids import new_id
 from shared.models import Task, TaskEvent, TaskStatus, utcnow
-from shared.views import TaskState, aware, task_document
+from shared.views import TaskState, task_document
 
 # A task row as a write returns it: every column, "metadata" under its attribute name.
 TASK_COLUMNS = [c.label("meta") if c.name == "metadata" else c for c in Task.__table__.columns]
 
 
-def _lease_statement() -> Update:
-    """The lease UPDATE, built once: it runs before every step, so it is not rebuilt each time.
+_TASKS = cast(Table, Task.__table__)
+# The task as it is now, with the database clock: what a lease decides from.
+_READ = select(*TASK_COLUMNS, now_ms().label("clock_ms")).where(
+    _TASKS.c.id == bindparam("b_task_id")
+)
 
-    The CASEs read the row as it was: a queued task gets ``started_at`` now and one event seq
-    for ``task.started``.
+
+def _lease_statement(*, queued: bool) -> Update:
+    """The lease UPDATE, built once per case: it runs before every step.
+
+    It is a compare-and-set on the row as read just before (epoch, event seq, status, step),
+    so what the lease predicts of the row (the ``task.started`` event carries it) is what the
+    row became; a row changed in between refuses the lease, and the slow path says why.
     """
-    tasks = cast(Table, Task.__table__)
-    c = tasks.c
-    queued = c.status == TaskStatus.QUEUED
+    c = _TASKS.c
     free = c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms())
-    ttl = bindparam("b_ttl", type_=BigInteger)
-    started = bindparam("b_now", type_=DateTime(timezone=True))
+    now = bindparam("b_now", type_=DateTime(timezone=True))
+    values: dict[str, Any] = {
+        "lease_epoch": c.lease_epoch + 1,
+        "lease_owner": bindparam("b_owner"),
+        "lease_expires_ms": now_ms() + bindparam("b_ttl", type_=BigInteger),
+        "attempt": c.attempt + 1,
+        "status": TaskStatus.RUNNING,
+        "updated_at": now,
+    }
+    if queued:  # this lease starts the task: it reserves the seq of ``task.started``
+        values |= {"started_at": now, "last_event_seq": c.last_event_seq + 1}
     return (
-        update(tasks)
-        .where(c.id == bindparam("b_task_id"), c.status.in_(TaskStatus.RUNNABLE), free)
-        .where(c.attempt < bindparam("b_max_attempts"))
-        .values(
-            lease_epoch=c.lease_epoch + 1,
-            lease_owner=bindparam("b_owner"),
-            lease_expires_ms=now_ms() + ttl,
-            attempt=c.attempt + 1,
-            status=TaskStatus.RUNNING,
-            started_at=case((queued, started), else_=c.started_at),
-            updated_at=started,
-            last_event_seq=c.last_event_seq + case((queued, 1), else_=0),
-        )
-        .returning(*TASK_COLUMNS, now_ms().label("clock_ms"))
+        update(_TASKS)
+        .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("b_epoch"))
+        .where(c.last_event_seq == bindparam("b_seq"), c.status == bindparam("b_status"))
+        .where(c.steps == bindparam("b_steps"), c.attempt < bindparam("b_max_attempts"), free)
+        .values(values)
+        .returning(c.id, c.last_event_seq, now_ms().label("clock_ms"))
     )
 
 
-_LEASE = _lease_statement()
-_INSERT_EVENTS = insert(cast(Table, TaskEvent.__table__))  # Core: many rows, no ORM bookkeeping
-_LEASE_AT_STEP = _LEASE.where(cast(Table, Task.__table__).c.steps == bindparam("b_prev_steps"))
+_LEASE = {queued: _lease_statement(queued=queued) for queued in (True, False)}
+_INSERT_EVENTS = insert(cast(Table, TaskEvent.__table__))  # Core: no ORM bookkeeping
+FIELDS = [column.name for column in TASK_COLUMNS]  # a TaskState's attributes
+
+
+def state_of(task: TaskState) -> SimpleNamespace:
+    """A copy of ``task`` (an ORM Task, a row or a state) that ``predict`` may change."""
+    return SimpleNamespace(**{name: getattr(task, name) for name in FIELDS})
+
+
+def predict(task: TaskState, changes: dict[str, Any], *, clock_ms: int) -> TaskState:
+    """The row as a write of ``changes`` leaves it. Exact for a fenced write: only the lease
+    holder changes the columns a Task document shows, and it knows the row it leased."""
+    state = state_of(task)
+    for key, value in changes.items():
+        if isinstance(value, Increment):
+            setattr(state, key, getattr(state, key) + value.by)
+        elif isinstance(value, FromNow):
+            setattr(state, key, clock_ms + value.ms)
+        else:
+            setattr(state, key, value)
+    return cast(TaskState, state)
 
 
 @dataclass(frozen=True)
@@ -227,26 +254,40 @@ def take_lease(
     A message for a step that is already committed is stale and refused for good; a lease
     held by someone else is refused with the time it has left. A step that has already been
     attempted ``max_attempts`` times without committing (its workers keep dying) fails the
-    task with ``worker_lost`` instead of looping forever. On success the task row in the
-    session is the leased state.
+    task with ``worker_lost`` instead of looping forever. A lease that starts a queued task
+    logs ``task.started`` (and queues its webhooks) in the same statement.
+
+    Two round trips: a read, then one compare-and-set UPDATE with its event and deliveries.
     """
-    now = utcnow()
+    read = session.execute(_READ, {"b_task_id": task_id}).one_or_none()
+    refused = _refused_at_sight(read, step=step, max_attempts=max_attempts)
+    if refused is not None:
+        return refused
+    assert read is not None
+    if read.attempt >= max_attempts:  # perhaps poisoned: the careful path decides
+        return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
+    queued, now = read.status == TaskStatus.QUEUED, utcnow()
+    changes: dict[str, Any] = {
+        "lease_epoch": read.lease_epoch + 1,
+        "lease_owner": owner,
+        "lease_expires_ms": FromNow(ttl_ms),
+        "attempt": read.attempt + 1,
+        "status": TaskStatus.RUNNING,
+        "updated_at": now,
+    }
+    if queued:
+        changes |= {"started_at": now, "last_event_seq": read.last_event_seq + 1}
+    leased = predict(read, changes, clock_ms=read.clock_ms)
     params = {"b_task_id": task_id, "b_owner": owner, "b_ttl": ttl_ms, "b_now": now}
-    params |= {"b_max_attempts": max_attempts, "b_prev_steps": (step or 1) - 1}
-    statement = _LEASE if step is None else _LEASE_AT_STEP
-    row = session.execute(statement, params).one_or_none()
+    params |= {"b_epoch": read.lease_epoch, "b_seq": read.last_event_seq, "b_status": read.status}
+    params |= {"b_steps": read.steps, "b_max_attempts": max_attempts}
+    lease_batch = Batch(fence=_LEASE[queued], key=("lease", queued), params=params, now=now)
+    if queued:
+        _log_in_batch(session, lease_batch, [("task.started", task_document)], task=leased)
+    row = batch.run(session, lease_batch)
     if row is None:
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
-    leased, clock = cast(TaskState, row), row.clock_ms
-    deliveries: list[str] = []
-    started = aware(leased.started_at) == now
-    if started:  # it was queued: this lease starts it
-        deliveries = insert_events(
-            session,
-            [("task.started", task_document)],
-            task=leased,
-            subscriptions=outbox.subscriptions_for(session, leased),
-        )
+    _settle(leased, row)
     return Lease(
         task_id=task_id,
         epoch=leased.lease_epoch,
@@ -255,11 +296,47 @@ def take_lease(
         attempt=leased.attempt,
         ttl_ms=ttl_ms,
         tenant_id=leased.tenant_id,
-        clock_ms=int(clock),
-        started=started,
-        deliveries=tuple(deliveries),
+        clock_ms=int(row.clock_ms),
+        started=queued,
+        deliveries=tuple(d["id"] for d in lease_batch.deliveries),
         task=leased,
     )
+
+
+def _refused_at_sight(read: Any, *, step: int | None, max_attempts: int) -> LeaseRefused | None:
+    """The refusals the read alone decides (the common ones: stale and duplicate messages)."""
+    if read is None:
+        return LeaseRefused("missing")
+    if read.status not in TaskStatus.RUNNABLE:
+        return LeaseRefused(f"status is {read.status}")
+    if step is not None and read.steps + 1 != step:
+        return LeaseRefused(f"stale message for step {step}; task is at step {read.steps + 1}")
+    if read.lease_expires_ms is not None and read.lease_expires_ms > read.clock_ms:
+        return LeaseRefused(HELD, retry_in_ms=int(read.lease_expires_ms - read.clock_ms))
+    return None
+
+
+def _log_in_batch(
+    session: Session, to: Batch, events: Sequence[EventSpec], *, task: TaskState
+) -> None:
+    """Add ``events`` (the last seqs the fence reserves) and their webhooks to a batch;
+    ``task`` is the row as the fence leaves it, which events built from the task carry."""
+    resolved = [(type_, spec(task) if callable(spec) else spec) for type_, spec in events]
+    to.events, to.tenant_id = resolved, task.tenant_id
+    subscriptions = outbox.subscriptions_for(session, task)
+    if subscriptions:
+        offsets = [(i, type_, data) for i, (type_, data) in enumerate(resolved, 1)]
+        to.deliveries = outbox.delivery_rows(subscriptions, offsets)
+        to.first_delay_ms = outbox.first_delay_ms()
+
+
+def _settle(state: TaskState, row: Any) -> None:
+    """Put what only the database knew (its clock, the event seq) into a predicted state."""
+    fixed = cast(SimpleNamespace, state)
+    fixed.last_event_seq = row.last_event_seq
+    for key in ("lease_expires_ms", "due_ms"):
+        if isinstance(getattr(fixed, key), FromNow):
+            setattr(fixed, key, row.clock_ms + getattr(fixed, key).ms)
 
 
 def _refusal(
@@ -294,32 +371,40 @@ def _why_held(session: Session, task_id: str, ttl_ms: int) -> LeaseRefused:
 
 def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> bool:
     """Fail a task whose step keeps killing its workers; only if nobody holds it (or could
-    have finished it meanwhile). Returns whether it did."""
+    have finished it meanwhile). Returns whether it did. Its webhooks go out with the
+    sweeper's next pass."""
     error = {
         "type": "worker_lost",
         "message": f"step {task.steps + 1} was started {task.attempt} times and never finished "
         f"(its worker died each time); giving up after {max_attempts} attempts",
     }
-    failed = session.scalars(
-        update(Task)
-        .where(Task.id == task.id, Task.lease_epoch == task.lease_epoch)
-        .where(Task.status.in_(TaskStatus.RUNNABLE))
-        .where(Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms <= now_ms()))
-        .values(
-            {**_terminal(TaskStatus.FAILED, error=error), "last_event_seq": Task.last_event_seq + 1}
-        )
-        .returning(Task),
-        execution_options={"populate_existing": True, "synchronize_session": False},
-    ).one_or_none()
-    if failed is None:
-        return False
-    insert_events(  # its webhooks go out with the sweeper's next pass
-        session,
-        [("task.failed", task_document)],
-        task=failed,
-        subscriptions=outbox.subscriptions_for(session, failed),
+    values = {**_terminal(TaskStatus.FAILED, error=error), "last_event_seq": Increment(1)}
+    shape = _shape(values)
+    poison = Batch(
+        fence=_poison_statement(shape),
+        key=("poison", shape),
+        params=_params(values) | {"b_task_id": task.id, "b_epoch": task.lease_epoch},
+        now=utcnow(),
     )
+    failed = predict(task, values, clock_ms=0)
+    _log_in_batch(session, poison, [("task.failed", task_document)], task=failed)
+    if batch.run(session, poison) is None:
+        return False
+    metrics.tasks_finished.labels(status=TaskStatus.FAILED).inc()
     return True
+
+
+@lru_cache(maxsize=4)
+def _poison_statement(shape: tuple[tuple[str, str], ...]) -> Update:
+    c = _TASKS.c
+    return (
+        update(_TASKS)
+        .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("b_epoch"))
+        .where(c.status.in_(TaskStatus.RUNNABLE))
+        .where(c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms()))
+        .values(_assignments(shape))
+        .returning(c.id, c.last_event_seq, now_ms().label("clock_ms"))
+    )
 
 
 def _held(lease: Lease) -> ColumnElement[bool]:
@@ -374,13 +459,6 @@ def insert_events(
 
 
 @dataclass(frozen=True)
-class Increment:
-    """A value for write(): add to the column."""
-
-    by: float
-
-
-@dataclass(frozen=True)
 class FromNow:
     """A value for write(): the database clock plus ``ms`` (epoch milliseconds)."""
 
@@ -397,17 +475,17 @@ def _param(value: Any) -> Any:
     return value.ms if isinstance(value, FromNow) else value
 
 
-@lru_cache(maxsize=128)
-def _write_statement(
-    shape: tuple[tuple[str, str], ...], *, honour_cancel: bool, full_row: bool
-) -> Update:
-    """The fenced UPDATE for one shape of write, built once and reused with new parameters:
-    every write of a step runs one, so building and keying it each time would dominate."""
-    c = cast(Table, Task.__table__).c
-    condition = (c.id == bindparam("b_task_id")) & (c.lease_epoch == bindparam("b_epoch"))
-    condition &= c.status.in_(TaskStatus.RUNNABLE)
-    if honour_cancel:
-        condition &= c.cancel_requested.is_(False)
+def _shape(changes: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((key, _kind(value)) for key, value in changes.items()))
+
+
+def _params(changes: dict[str, Any]) -> dict[str, Any]:
+    return {f"b_{key}": _param(value) for key, value in changes.items()}
+
+
+def _assignments(shape: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """The SET clause of a write of this shape, its values bound as ``b_<column>``."""
+    c = _TASKS.c
     changes: dict[str, Any] = {}
     for key, kind in shape:
         column = c[key]
@@ -417,58 +495,79 @@ def _write_statement(
             changes[key] = now_ms() + bindparam(f"b_{key}", type_=BigInteger)
         else:
             changes[key] = bindparam(f"b_{key}", type_=column.type)
-    statement = update(c.id.table).where(condition).values(changes)
-    return statement.returning(*TASK_COLUMNS) if full_row else statement.returning(c.last_event_seq)
+    return changes
+
+
+@lru_cache(maxsize=128)
+def _write_statement(shape: tuple[tuple[str, str], ...], *, honour_cancel: bool) -> Update:
+    """The fenced UPDATE for one shape of write, built once and reused with new parameters:
+    every write of a step runs one, so building and keying it each time would dominate."""
+    c = _TASKS.c
+    condition = (c.id == bindparam("b_task_id")) & (c.lease_epoch == bindparam("b_epoch"))
+    condition &= c.status.in_(TaskStatus.RUNNABLE)
+    if honour_cancel:
+        condition &= c.cancel_requested.is_(False)
+    return (
+        update(_TASKS)
+        .where(condition)
+        .values(_assignments(shape))
+        .returning(c.id, c.last_event_seq, now_ms().label("clock_ms"))
+    )
+
+
+@dataclass(frozen=True)
+class Written:
+    """A fenced write that happened: the task row as it left it, and the webhook deliveries
+    its events queued (to be sent once it commits)."""
+
+    task: TaskState
+    deliveries: list[str]
 
 
 def write(
     session: Session,
     lease: Lease,
     *,
+    task: TaskState,
     values: dict[str, Any] | None = None,
     events: Sequence[EventSpec] = (),
+    parts: Sequence[Part] = (),
     honour_cancel: bool = True,
-    subscriptions: Sequence[outbox.Subscription] = (),
-) -> list[str]:
-    """The one fenced write of a step: check the lease, extend it, apply ``values``, log events.
+) -> Written:
+    """The one fenced write of a step: check the lease, extend it, apply ``values``, log
+    ``events``, and write ``parts`` (checkpoint and ledger rows) — all or nothing.
 
-    It is a single UPDATE of the task row, and it comes first in its transaction: the row lock
-    it takes makes a competing lease-taker wait for this commit and then see the bumped epoch,
-    so only a holder of the current epoch can write. Raises LeaseLost if the epoch moved on,
-    CancelRequested if the client asked to cancel (unless ``honour_cancel`` is False).
-    Returns the webhook deliveries its events queued, to be sent once it commits.
+    The fence is an UPDATE of the task row conditional on the lease epoch: only a holder of
+    the current epoch can write, and a competing lease-taker waits on its row lock and then
+    sees the bumped epoch. On PostgreSQL the whole write is one statement (see shared.batch).
+    ``task`` is the row as this lease holder last left it. Raises LeaseLost if the epoch
+    moved on, CancelRequested if the client asked to cancel (unless ``honour_cancel`` is False).
     """
+    now = utcnow()
     changes: dict[str, Any] = {
         "lease_expires_ms": FromNow(lease.ttl_ms),
-        "updated_at": utcnow(),
+        "updated_at": now,
         "last_event_seq": Increment(len(events)),
         **(values or {}),
     }
-    shape = tuple(sorted((key, _kind(value)) for key, value in changes.items()))
-    params = {f"b_{key}": _param(value) for key, value in changes.items()}
-    params |= {"b_task_id": lease.task_id, "b_epoch": lease.epoch}
-    # Only events that carry the whole Task need the row back; the rest need just the seq.
-    full_row = any(callable(data) for _, data in events)
-    statement = _write_statement(shape, honour_cancel=honour_cancel, full_row=full_row)
-    if full_row:
-        row = session.execute(statement, params).one_or_none()
-        if row is not None:
-            task = cast(TaskState, row)
-            if task.status in TaskStatus.TERMINAL:
-                metrics.tasks_finished.labels(status=task.status).inc()
-            return insert_events(session, events, task=task, subscriptions=subscriptions)
-    else:
-        last_seq = session.scalar(statement, params)
-        if last_seq is not None:
-            return insert_events(
-                session,
-                events,
-                task_id=lease.task_id,
-                tenant_id=lease.tenant_id,
-                last_seq=last_seq,
-                subscriptions=subscriptions,
-            )
-    _refuse(session, lease)
+    shape = _shape(changes)
+    fenced = Batch(
+        fence=_write_statement(shape, honour_cancel=honour_cancel),
+        key=("write", shape, honour_cancel),
+        params=_params(changes) | {"b_task_id": lease.task_id, "b_epoch": lease.epoch},
+        parts=list(parts),
+        now=now,
+    )
+    after = predict(task, changes, clock_ms=lease.clock_ms)
+    if events:
+        _log_in_batch(session, fenced, events, task=after)
+    row = batch.run(session, fenced)
+    if row is None:
+        _refuse(session, lease)
+    _settle(after, row)
+    if after.status in TaskStatus.TERMINAL:
+        metrics.tasks_finished.labels(status=after.status).inc()
+    return Written(after, [d["id"] for d in fenced.deliveries])
 
 
 def _refuse(session: Session, lease: Lease) -> NoReturn:
@@ -566,27 +665,6 @@ def terminal_values(
     if steps is not None:
         values["steps"] = steps
     return values
-
-
-def finish(
-    session: Session,
-    lease: Lease,
-    *,
-    status: str,
-    result: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    steps: int | None = None,
-    subscriptions: Sequence[outbox.Subscription] = (),
-) -> list[str]:
-    """Move the task to a terminal state (fenced) and append its terminal event."""
-    return write(
-        session,
-        lease,
-        values=terminal_values(status, result=result, error=error, steps=steps),
-        events=[(f"task.{status}", task_document)],
-        honour_cancel=status != TaskStatus.CANCELLED,
-        subscriptions=subscriptions,
-    )
 
 
 def request_cancel(

@@ -28,8 +28,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from shared import checkpoints, failpoints, ledger, metrics, notify, outbox, task_store
-from shared.db import transaction
+from shared import checkpoints, failpoints, ledger, metrics, notify, task_store
+from shared.batch import Part
+from shared.db import write_session
 from shared.errors import CancelRequested, LeaseLost, ModelError
 from shared.models import Step, TaskStatus, Tenant, ToolCall, utcnow
 from shared.pricing import cost_usd
@@ -50,9 +51,10 @@ class TaskEnded(Exception):
     """This message's work is over: the task reached a terminal state or was deferred."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Context:
-    """What a step needs, read in the lease's transaction."""
+    """What a step needs, read when the lease is taken. ``task`` is the row as this lease
+    holder last left it (each write of the step moves it on)."""
 
     lease: Lease
     task: TaskState
@@ -63,7 +65,6 @@ class Context:
     calls: dict[str, ToolCall]
     tenant_name: str
     clock_ms: int
-    subscriptions: list[outbox.Subscription]
 
 
 def worker_id() -> str:
@@ -93,7 +94,7 @@ def lease_step(task_id: str, step: int | None) -> Context | None:
     """Take the task's lease and read the step's context in one transaction, or say why not
     (and come back later if another worker's lease may still run out)."""
     settings = get_settings()
-    with transaction() as session:
+    with write_session() as session:
         lease = task_store.take_lease(
             session,
             task_id,
@@ -157,41 +158,60 @@ def after_commit(task_id: str, deliveries: list[str]) -> None:
 
 @dataclass
 class Writes:
-    """A fenced transaction: ``write`` must come first (it is the fence)."""
+    """One fenced write, gathered in the ``fenced`` block and made when it ends."""
 
-    session: Session
     ctx: Context
+    values: dict[str, Any] = field(default_factory=dict)
+    events: list[task_store.EventSpec] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
+    honour_cancel: bool = True
     deliveries: list[str] = field(default_factory=list)
 
-    def write(self, **kwargs: Any) -> None:
-        self.deliveries += task_store.write(
-            self.session, self.ctx.lease, subscriptions=self.ctx.subscriptions, **kwargs
-        )
+    def write(
+        self, *, values: dict[str, Any] | None = None, events: Sequence[task_store.EventSpec] = ()
+    ) -> None:
+        self.values, self.events = values or {}, list(events)
 
     def finish(self, status: str, **kwargs: Any) -> None:
-        self.deliveries += task_store.finish(
-            self.session,
-            self.ctx.lease,
-            status=status,
-            subscriptions=self.ctx.subscriptions,
-            **kwargs,
+        """End the task: the terminal values and ``task.<status>`` event."""
+        self.write(
+            values=task_store.terminal_values(status, **kwargs),
+            events=[(f"task.{status}", task_document)],
         )
+        self.honour_cancel = status != TaskStatus.CANCELLED
+
+    def add(self, *parts: Part) -> None:
+        """Checkpoint or ledger rows written with it, all or nothing."""
+        self.parts += parts
+
+    def commit(self) -> None:
+        with write_session() as session:
+            written = task_store.write(
+                session,
+                self.ctx.lease,
+                task=self.ctx.task,
+                values=self.values,
+                events=self.events,
+                parts=self.parts,
+                honour_cancel=self.honour_cancel,
+            )
+        self.ctx.task, self.deliveries = written.task, written.deliveries
 
 
 @contextmanager
 def fenced(ctx: Context) -> Iterator[Writes]:
-    """A transaction whose first statement is a fenced write; its webhooks and wake-ups go
-    out once it commits. A requested cancellation surfaces at the fence; the task is then
-    cancelled in a transaction of its own and the step ends."""
+    """Gather one fenced write, then make it; its webhooks and wake-ups go out once it
+    commits. A requested cancellation surfaces at the fence; the task is then cancelled by a
+    write of its own and the step ends."""
+    writes = Writes(ctx)
+    yield writes
     try:
-        with transaction() as session:
-            writes = Writes(session, ctx)
-            yield writes
+        writes.commit()
     except CancelRequested:
-        with transaction() as session:
-            writes = Writes(session, ctx)
-            writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
-        after_commit(ctx.task.id, writes.deliveries)
+        cancel = Writes(ctx)
+        cancel.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        cancel.commit()
+        after_commit(ctx.task.id, cancel.deliveries)
         raise TaskEnded from None
     after_commit(ctx.task.id, writes.deliveries)
 
@@ -222,7 +242,7 @@ def run_step(ctx: Context) -> bool:
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(ctx) as writes:
             writes.write(**completion(lease))
-            checkpoints.complete_step(writes.session, lease)
+            writes.add(checkpoints.completion(lease))
     failpoints.hit("after_step_commit")
     return False
 
@@ -259,7 +279,6 @@ def load_context(session: Session, lease: Lease) -> Context:
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
         tenant_name=tenant_name(session, task.tenant_id),
         clock_ms=lease.clock_ms,
-        subscriptions=outbox.subscriptions_for(session, task),
     )
 
 
@@ -424,7 +443,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     )
     with fenced(ctx) as writes:
         writes.write(values=values, events=events)
-        checkpoints.record_model_response(writes.session, lease, call, final=final)
+        writes.add(checkpoints.model_response(lease, call, final=final))
     return final or bool(over_budget)
 
 
@@ -454,10 +473,8 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     if row is not None and tool is not None and not tool.idempotent:
         return resolve_unknown_outcome(ctx, tool, call_id, last=last)
     with fenced(ctx) as writes:
-        writes.write()
         if row is None:
-            ledger.start_call(
-                writes.session,
+            started = ledger.started(
                 lease,
                 position=position,
                 call_id=call_id,
@@ -465,8 +482,9 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
                 tool=call.name,
                 arguments=call.arguments,
             )
+            writes.add(started)
         else:
-            ledger.restart_call(writes.session, lease, call_id)
+            writes.add(ledger.rerun(lease, call_id))
     failpoints.hit("tool_call")
     outcome = invoke(ctx, tool, call, call_id)
     failpoints.hit("after_tool")
@@ -531,16 +549,11 @@ def record_outcome(
         values, events = done["values"], events + done["events"]
     with fenced(ctx) as writes:
         writes.write(values=values, events=events)
-        ledger.finish_call(
-            writes.session,
-            lease,
-            call_id,
-            status=status,
-            result=outcome.result,
-            error=outcome.error,
+        writes.add(
+            ledger.outcome(call_id, status=status, result=outcome.result, error=outcome.error)
         )
         if last and end_task is None:
-            checkpoints.complete_step(writes.session, lease)
+            writes.add(checkpoints.completion(lease))
 
 
 def resolve_unknown_outcome(
