@@ -18,8 +18,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -76,8 +76,9 @@ class WriteMeter:
     def install(self, engine: Any) -> None:
         from sqlalchemy import event
 
-        @event.listens_for(engine, "before_cursor_execute")
-        def _execute(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        from shared import db
+
+        def observe(conn: Any, statement: str, params: Any) -> None:
             words = statement.lstrip().upper()
             if not words.startswith(("INSERT", "UPDATE", "DELETE")) and not (
                 words.startswith("WITH") and any(v in words for v in ("INSERT", "UPDATE"))
@@ -89,6 +90,12 @@ class WriteMeter:
                 self.commits[self.label] += 1  # a write statement in autocommit commits alone
             else:
                 self._dirty.add(id(conn))
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def _execute(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+            observe(conn, statement, params)
+
+        db.statement_observers.append(observe)  # the statements the step path sends itself
 
         @event.listens_for(engine, "commit")
         def _commit(conn: Any) -> None:
@@ -170,6 +177,31 @@ class Baseline:
             conn.execute(text("DROP TABLE bench_baseline"))
 
 
+class DriverBaseline:
+    """The same INSERT + COMMIT straight through psycopg on a connection of its own: the
+    floor under any client library, reported beside the baseline above."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        from shared.db import get_engine
+
+        url = get_engine().url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.timings: list[float] = []
+        self._connection = psycopg.connect(url)
+
+    def sample(self) -> None:
+        started = time.perf_counter()
+        self._connection.execute(
+            "INSERT INTO bench_baseline (v) VALUES (%s)", (f"row {len(self.timings)}",)
+        )
+        self._connection.commit()
+        self.timings.append((time.perf_counter() - started) * 1000)
+
+    def close(self) -> None:
+        self._connection.close()
+
+
 def _cleanup(tenant_id: str) -> None:
     from shared.db import transaction
     from shared.models import Tenant
@@ -181,25 +213,40 @@ def _cleanup(tenant_id: str) -> None:
 
 
 def _time_steps(
-    task_id: str, steps: int, *, meter: WriteMeter, out: dict[int, list[float]], baseline: Baseline
+    task_id: str,
+    steps: int,
+    *,
+    out: dict[int, list[float]],
+    baselines: Sequence[Baseline | DriverBaseline],
+    meter: WriteMeter | None = None,
 ) -> None:
+    """Run the task's steps, timing each; after each, one sample of every baseline."""
     from workers.step_runner import advance
 
     for number in range(1, steps + 1):
-        with meter.labelled(f"step{number}"):
+        with meter.labelled(f"step{number}") if meter else nullcontext():
             started = time.perf_counter()
             advance(task_id, number)
             out[number].append((time.perf_counter() - started) * 1000)
-        baseline.sample()
+        for baseline in baselines:
+            baseline.sample()
+
+
+_DONE: list[dict[str, Any]] = [{"content": "done"}]
+_CALL: dict[str, Any] = {"tool_calls": [{"name": "calculator", "arguments": {"expression": "1+1"}}]}
 
 
 @app.command()
 def checkpoint(
-    tasks: int = typer.Option(200, help="one-step tasks (the no-tools scenario)"),
+    tasks: int = typer.Option(300, help="one-step tasks (the no-tools scenario)"),
     chains: int = typer.Option(10, help="tasks in the chain scenario"),
     steps: int = typer.Option(50, help="steps per task in the chain scenario"),
 ) -> None:
-    """Per-step checkpoint overhead vs a bare INSERT + COMMIT on the same Postgres."""
+    """Per-step checkpoint overhead vs a bare INSERT + COMMIT on the same Postgres.
+
+    Timings and counts come from separate passes: counting writes (a hook on every statement)
+    would slow the steps it measures.
+    """
     os.environ["RATCHET_BROKER_URL"] = "memory://localhost/"  # enqueues cost nothing here
     from shared.db import get_engine, require_migrated
     from shared.queue import get_celery
@@ -211,46 +258,44 @@ def checkpoint(
     if engine.dialect.name != "postgresql":
         raise typer.BadParameter("set RATCHET_DATABASE_URL to a PostgreSQL database")
     require_migrated()
-    meter = WriteMeter()
-    meter.install(engine)
     tenant_id = _bench_tenant()
-    baseline = Baseline()
+    baseline, driver = Baseline(), DriverBaseline()
+    both = (baseline, driver)
     try:
-        for _ in range(50):  # warm up connections and caches
-            baseline.sample()
-        warm: dict[int, list[float]] = defaultdict(list)
-        for _ in range(10):
-            _time_steps(
-                _new_task(tenant_id, [{"content": "done"}]),
-                1,
-                meter=meter,
-                out=warm,
-                baseline=baseline,
-            )
-        meter.commits.clear()
-        meter.bytes.clear()
+        for _ in range(10):  # warm up connections, caches and prepared statements
+            _time_steps(_new_task(tenant_id, _DONE), 1, out=defaultdict(list), baselines=both)
         baseline.timings.clear()
+        driver.timings.clear()
         final: dict[int, list[float]] = defaultdict(list)
         for _ in range(tasks):
-            task_id = _new_task(tenant_id, [{"content": "done"}])
-            _time_steps(task_id, 1, meter=meter, out=final, baseline=baseline)
-        final_commits = meter.commits.pop("step1", 0) / tasks
-        final_bytes = meter.bytes.pop("step1", 0) / tasks
-        first_baseline = summary(baseline.timings)
+            _time_steps(_new_task(tenant_id, _DONE), 1, out=final, baselines=both)
+        first_baseline, first_driver = summary(baseline.timings), summary(driver.timings)
         baseline.timings.clear()
         chain: dict[int, list[float]] = defaultdict(list)
-        call = {"tool_calls": [{"name": "calculator", "arguments": {"expression": "1+1"}}]}
         for _ in range(chains):
-            task_id = _new_task(tenant_id, [*[call] * (steps - 1), {"content": "done"}])
-            _time_steps(task_id, steps, meter=meter, out=chain, baseline=baseline)
+            script = [*[_CALL] * (steps - 1), {"content": "done"}]
+            _time_steps(_new_task(tenant_id, script), steps, out=chain, baselines=[baseline])
         second_baseline = summary(baseline.timings)
+        meter = WriteMeter()
+        meter.install(engine)
+        for _ in range(20):
+            _time_steps(
+                _new_task(tenant_id, _DONE), 1, out=defaultdict(list), baselines=(), meter=meter
+            )
+        final_commits = meter.commits.pop("step1", 0) / 20
+        final_bytes = meter.bytes.pop("step1", 0) / 20
+        for _ in range(2):
+            script = [*[_CALL] * (steps - 1), {"content": "done"}]
+            task_id = _new_task(tenant_id, script)
+            _time_steps(task_id, steps, out=defaultdict(list), baselines=(), meter=meter)
     finally:
         baseline.drop()
+        driver.close()
         _cleanup(tenant_id)
     base = first_baseline
     no_tools = summary(final[1])
     tool_steps = summary([t for n, ts in chain.items() if n < steps for t in ts])
-    per_step_bytes = {n: meter.bytes[f"step{n}"] / chains for n in range(1, steps)}
+    per_step_bytes = {n: meter.bytes[f"step{n}"] / 2 for n in range(1, steps)}
     emit(
         "checkpoint",
         {
@@ -258,6 +303,8 @@ def checkpoint(
             "step_without_tools_ms": no_tools,
             "step_without_tools_ratio_p50": no_tools["p50"] / base["p50"],
             "step_without_tools_ratio_p99": no_tools["p99"] / base["p99"],
+            "driver_insert_commit_ms": first_driver,
+            "step_without_tools_ratio_p50_to_driver": no_tools["p50"] / first_driver["p50"],
             "step_without_tools_write_commits": final_commits,
             "step_without_tools_bytes": final_bytes,
             "baseline_during_chains_ms": second_baseline,
@@ -266,7 +313,7 @@ def checkpoint(
             "step_with_one_tool_call_write_commits": sum(
                 meter.commits[f"step{n}"] for n in range(1, steps)
             )
-            / (chains * (steps - 1)),
+            / (2 * (steps - 1)),
             "bytes_written_step_1": per_step_bytes[1],
             f"bytes_written_step_{steps - 1}": per_step_bytes[steps - 1],
             "bytes_ratio_last_to_first": per_step_bytes[steps - 1] / per_step_bytes[1],

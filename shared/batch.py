@@ -43,6 +43,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import bindparam
 
+from shared import db
 from shared.db import now_ms
 from shared.models import TaskEvent, WebhookDelivery
 
@@ -92,6 +93,10 @@ class Batch:
     now: datetime | None = None
     first_delay_ms: int = 0
     tenant_id: str = ""
+    # False: commit without waiting for the WAL flush (PostgreSQL's synchronous_commit off, for
+    # this statement only). For a write whose loss in a database crash undoes nothing anyone
+    # relied on; see take_lease. The next durable commit flushes it with its own.
+    durable: bool = True
 
 
 def run(session: Session, batch: Batch) -> Row[Any] | None:
@@ -115,7 +120,8 @@ _statements: dict[Hashable, Select[Any]] = {}
 
 
 def _run_as_one(session: Session, batch: Batch) -> Row[Any] | None:
-    shape: tuple[Hashable, ...] = (batch.key, bool(batch.events), bool(batch.deliveries))
+    shape: tuple[Hashable, ...] = (batch.key, batch.durable, bool(batch.events))
+    shape += (bool(batch.deliveries),)
     shape += tuple(_part_shape(part) for part in batch.parts)
     statement = _statements.get(shape)
     if statement is None:
@@ -139,7 +145,7 @@ def _run_as_one(session: Session, batch: Batch) -> Row[Any] | None:
         }
     for index, part in enumerate(batch.parts):
         params |= _part_params(index, part)
-    return session.execute(statement, params).one_or_none()
+    return cast(Row[Any] | None, db.fetch_one(session, statement, params))
 
 
 def _part_params(index: int, part: Part) -> dict[str, Any]:
@@ -183,7 +189,11 @@ def _compose(batch: Batch) -> Select[Any]:
         ctes.append(_deliveries_cte(w, count=len(batch.events)))
     for index, part in enumerate(batch.parts):
         ctes.append(_part_cte(w, index, part))
-    return select(w).add_cte(*ctes)
+    if batch.durable:
+        return select(w).add_cte(*ctes)
+    # set_config(…, true) is SET LOCAL: it lasts until this statement's own commit.
+    lazy = select(func.set_config("synchronous_commit", "off", True).label("lazy")).cte("lazy")
+    return select(w).join_from(w, lazy, true()).add_cte(*ctes)
 
 
 def _deliveries_cte(w: Any, *, count: int) -> Any:

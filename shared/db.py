@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import BigInteger, Engine, create_engine, event, text
+import psycopg
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Connection,
+    Engine,
+    create_engine,
+    event,
+    text,
+)
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.expression import FunctionElement
@@ -57,14 +72,41 @@ def make_engine(url: str) -> Engine:
     # rows it locked: Postgres ends such a session after a lease's length, and the lease, the
     # sweeper and everyone else move on.
     idle_ms = int(get_settings().lease_ttl_seconds * 1000)
-    return create_engine(
+    engine = create_engine(
         url,
-        pool_pre_ping=True,
         pool_size=10,
         max_overflow=20,
         pool_recycle=1800,
-        connect_args={"options": f"-c idle_in_transaction_session_timeout={idle_ms}"},
+        connect_args={
+            "options": f"-c idle_in_transaction_session_timeout={idle_ms}"
+            # Every Ratchet query is a keyed index lookup, so one plan serves all parameter
+            # values; re-planning the step's big write statements (a custom plan each time)
+            # costs more than running them.
+            " -c plan_cache_mode=force_generic_plan"
+        },
     )
+    event.listen(engine.pool, "checkout", _ping_on_checkout(engine))
+    return engine
+
+
+# Set while a caller takes a connection it checks itself (its first statement is the check).
+_unpinged: ContextVar[bool] = ContextVar("ratchet_unpinged_checkout", default=False)
+
+
+def _ping_on_checkout(engine: Engine) -> Any:
+    """The pool's pessimistic disconnect check, as SQLAlchemy's ``pool_pre_ping`` does it, but
+    as a checkout hook so a caller that checks the connection itself can skip it."""
+
+    def ping(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        if _unpinged.get():
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            # The pool throws this connection away and hands out another.
+            raise DisconnectionError("connection failed its ping") from exc
+
+    return ping
 
 
 _engines: dict[tuple[str, int], Engine] = {}
@@ -111,18 +153,154 @@ def write_session() -> Iterator[Session]:
     """A session for writes that are each one atomic statement (see shared.batch).
 
     On PostgreSQL it runs in autocommit: each statement commits on its own, which saves the
-    round trips of BEGIN and COMMIT. Elsewhere it is an ordinary transaction, committed at the
-    end, in which a batch runs as several statements.
+    round trips of BEGIN and COMMIT; inside ``pinned()`` it reuses that block's connection.
+    Elsewhere it is an ordinary transaction, committed at the end, in which a batch runs as
+    several statements.
     """
     engine = get_engine()
     if engine.dialect.name != "postgresql":
         with transaction() as session:
             yield session
         return
+    pin = _pin.get()
+    if pin is not None:
+        yield pin.session()
+        pin.used_at = time.monotonic()
+        return
     with engine.connect() as connection:
         autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
         with get_sessionmaker()(bind=autocommit) as session:
             yield session
+
+
+# A pinned connection idle for longer than this is pinged before reuse, as the pool pings
+# every connection it hands out: across a long model call the server may have dropped it.
+PIN_IDLE_PING_SECONDS = 1.0
+
+
+@dataclass
+class _Pinned:
+    engine: Engine
+    held: Connection | None = None
+    bound: Session | None = None
+    used_at: float = 0.0
+    taken: bool = False  # a connection was taken: any later one is pinged by the pool
+
+    def session(self) -> Session:
+        """A session on the pinned connection: the one taken before, unless it sat idle too
+        long and failed a ping (then a fresh one from the pool)."""
+        held, fresh = self.held, time.monotonic() - self.used_at <= PIN_IDLE_PING_SECONDS
+        usable = held is not None and not held.invalidated and self.bound is not None
+        if usable and (fresh or self._alive(cast(Connection, held))):
+            return cast(Session, self.bound)
+        first = not self.taken
+        self.close()
+        # The first connection of a step is not pinged: the step's first statement is a read
+        # that the step retries on a fresh connection if this one turns out dead.
+        token = _unpinged.set(first)
+        try:
+            self.held = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        finally:
+            _unpinged.reset(token)
+        self.taken = True
+        self.bound = get_sessionmaker()(bind=self.held)
+        return self.bound
+
+    def _alive(self, held: Connection) -> bool:
+        try:
+            self.engine.dialect.do_ping(cast(Any, held.connection.driver_connection))
+        except Exception:
+            held.invalidate()
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.bound is not None:
+            self.bound.close()
+        if self.held is not None:
+            self.held.close()
+        self.held = self.bound = None
+
+
+_pin: ContextVar[_Pinned | None] = ContextVar("ratchet_pinned_connection", default=None)
+
+
+@contextmanager
+def pinned() -> Iterator[None]:
+    """Within this block (one step), write_session() takes one connection from the pool and
+    keeps it, rather than one per write; each write is still its own statement."""
+    pin = _Pinned(get_engine())
+    token = _pin.set(pin)
+    try:
+        yield
+    finally:
+        _pin.reset(token)
+        pin.close()
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    defaults: dict[str, Any]  # values SQLAlchemy bound itself (literals in the statement)
+    json: frozenset[str]  # parameters of JSON type: psycopg takes them wrapped
+
+
+_compiled: dict[int, tuple[Any, _Compiled]] = {}
+
+
+def _compile(statement: Any, dialect: Any) -> _Compiled:
+    cached = _compiled.get(id(statement))
+    if cached is not None and cached[0] is statement:
+        return cached[1]
+    compiled = statement.compile(dialect=dialect)
+    assert "POSTCOMPILE" not in str(compiled), "an IN list is expanded per execution: use OR"
+    json_params = frozenset(
+        name for name, bind in compiled.binds.items() if isinstance(bind.type, JSON)
+    )
+    # Literals SQLAlchemy bound itself; the rest come with each execution.
+    defaults = dict(compiled.construct_params(_check=False))
+    result = _Compiled(str(compiled), defaults, json_params)
+    _compiled[id(statement)] = (statement, result)
+    return result
+
+
+# Called as (connection, sql, parameters) before fetch_one sends a statement itself, as
+# SQLAlchemy's before_cursor_execute is for the statements it sends (the checkpoint benchmark
+# counts writes with both).
+statement_observers: list[Callable[[Connection, str, dict[str, Any]], None]] = []
+
+
+def fetch_one(session: Session, statement: Any, params: dict[str, Any]) -> Any | None:
+    """Run a statement built once and kept (a module constant, or cached); its one row or None.
+
+    On PostgreSQL the statement is compiled once to driver SQL and sent straight through
+    psycopg: for the step's statements, SQLAlchemy's per-execution work (walking the statement
+    for its cache key, processing parameters, building the result's metadata) costs more
+    than the database does. Errors come out as SQLAlchemy's, a dropped connection
+    invalidated. Elsewhere it is an ordinary execute.
+    """
+    connection = session.connection()
+    if connection.dialect.name != "postgresql":
+        return session.execute(statement, params).one_or_none()
+    compiled = _compile(statement, connection.dialect)
+    values = {**compiled.defaults, **params}
+    for name in compiled.json:
+        values[name] = Jsonb(values[name])
+    for observe in statement_observers:
+        observe(connection, compiled.sql, values)
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    try:
+        with driver.cursor(row_factory=namedtuple_row) as cursor:
+            cursor.execute(compiled.sql, values)
+            return cursor.fetchone()
+    except psycopg.Error as exc:
+        dropped = connection.dialect.is_disconnect(cast(Any, exc), cast(Any, driver), None)
+        if dropped:
+            connection.invalidate(exc)
+        raise DBAPIError.instance(
+            compiled.sql, values, exc, psycopg.Error, connection_invalidated=dropped
+        ) from exc
 
 
 def alembic_config(url: str | None = None) -> Any:

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Update,
     bindparam,
     insert,
+    or_,
     select,
     update,
 )
@@ -28,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from shared import batch, metrics, outbox
 from shared.batch import Batch, Increment, Part
-from shared.db import now_ms
+from shared.db import fetch_one, now_ms
 from shared.errors import CancelRequested, Conflict, LeaseLost, NotFound
 from shared.ids import new_id
 from shared.models import Task, TaskEvent, TaskStatus, utcnow
@@ -259,7 +260,7 @@ def take_lease(
 
     Two round trips: a read, then one compare-and-set UPDATE with its event and deliveries.
     """
-    read = session.execute(_READ, {"b_task_id": task_id}).one_or_none()
+    read = fetch_one(session, _READ, {"b_task_id": task_id})
     refused = _refused_at_sight(read, step=step, max_attempts=max_attempts)
     if refused is not None:
         return refused
@@ -281,7 +282,12 @@ def take_lease(
     params = {"b_task_id": task_id, "b_owner": owner, "b_ttl": ttl_ms, "b_now": now}
     params |= {"b_epoch": read.lease_epoch, "b_seq": read.last_event_seq, "b_status": read.status}
     params |= {"b_steps": read.steps, "b_max_attempts": max_attempts}
-    lease_batch = Batch(fence=_LEASE[queued], key=("lease", queued), params=params, now=now)
+    # The lease commits without waiting for its WAL flush: lost in a database crash, it is as
+    # if never taken (its task.started too); whatever the worker then writes durably flushes
+    # the lease first, and a webhook is sent only after its durable claim.
+    lease_batch = Batch(
+        fence=_LEASE[queued], key=("lease", queued), params=params, now=now, durable=False
+    )
     if queued:
         _log_in_batch(session, lease_batch, [("task.started", task_document)], task=leased)
     row = batch.run(session, lease_batch)
@@ -400,7 +406,7 @@ def _poison_statement(shape: tuple[tuple[str, str], ...]) -> Update:
     return (
         update(_TASKS)
         .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("b_epoch"))
-        .where(c.status.in_(TaskStatus.RUNNABLE))
+        .where(_runnable(c.status))
         .where(c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms()))
         .values(_assignments(shape))
         .returning(c.id, c.last_event_seq, now_ms().label("clock_ms"))
@@ -465,6 +471,12 @@ class FromNow:
     ms: int
 
 
+def _runnable(status: ColumnElement[str]) -> ColumnElement[bool]:
+    """``status IN (…)`` spelled with OR: an IN list is expanded at each execution, which a
+    statement compiled once (db.fetch_one) cannot have."""
+    return or_(*(status == value for value in TaskStatus.RUNNABLE))
+
+
 def _kind(value: Any) -> str:
     return "inc" if isinstance(value, Increment) else "now" if isinstance(value, FromNow) else "set"
 
@@ -504,7 +516,7 @@ def _write_statement(shape: tuple[tuple[str, str], ...], *, honour_cancel: bool)
     every write of a step runs one, so building and keying it each time would dominate."""
     c = _TASKS.c
     condition = (c.id == bindparam("b_task_id")) & (c.lease_epoch == bindparam("b_epoch"))
-    condition &= c.status.in_(TaskStatus.RUNNABLE)
+    condition &= _runnable(c.status)
     if honour_cancel:
         condition &= c.cancel_requested.is_(False)
     return (
@@ -726,27 +738,41 @@ def requeue_failed(
     return task
 
 
+def _overdue(clock: ColumnElement[int], grace_ms: int) -> ColumnElement[bool]:
+    """Runnable, no live lease, and its next step overdue: the step's message was lost."""
+    return (
+        Task.status.in_(TaskStatus.RUNNABLE)
+        & (Task.due_ms < clock - grace_ms)
+        & (Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms < clock))
+    )
+
+
 def due_for_sweep(
     session: Session, *, grace_ms: int, limit: int = 500
 ) -> Sequence[tuple[str, int]]:
     """Runnable tasks with no live lease whose next step is overdue: their message was lost."""
-    clock = now_ms()
     rows = session.execute(
         select(Task.id, Task.steps)
-        .where(Task.status.in_(TaskStatus.RUNNABLE))
-        .where(Task.due_ms < clock - grace_ms)
-        .where((Task.lease_expires_ms.is_(None)) | (Task.lease_expires_ms < clock))
+        .where(_overdue(now_ms(), grace_ms))
         .order_by(Task.due_ms)
         .limit(limit)
     ).all()
     return [(row.id, row.steps + 1) for row in rows]
 
 
-def mark_redispatched(session: Session, task_ids: Sequence[str]) -> None:
-    if task_ids:
-        session.execute(
-            update(Task)
-            .where(Task.id.in_(task_ids))
-            .values(due_ms=now_ms())
-            .execution_options(synchronize_session=False)
-        )
+def mark_redispatched(
+    session: Session, task_ids: Sequence[str], *, grace_ms: int
+) -> list[tuple[str, int]]:
+    """Claim the overdue ones among ``task_ids`` for a new message (their due time moves to
+    now), in one statement; returns (task, step) for each, for the caller to send. A task
+    another sweeper claimed meanwhile is no longer overdue, so it gets one message."""
+    if not task_ids:
+        return []
+    rows = session.execute(
+        update(Task)
+        .where(Task.id.in_(task_ids), _overdue(now_ms(), grace_ms))
+        .values(due_ms=now_ms())
+        .returning(Task.id, Task.steps)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return [(row.id, row.steps + 1) for row in rows]

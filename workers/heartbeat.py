@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from shared import task_store
-from shared.db import transaction
+from shared.db import write_session
 from shared.errors import LeaseLost
 from shared.task_store import Lease
 
@@ -54,7 +54,7 @@ def _due() -> list[Lease]:
 
 def _extend(lease: Lease) -> None:
     try:
-        with transaction() as session:
+        with write_session() as session:  # one statement: no transaction left open
             task_store.fence(session, lease)
     except LeaseLost:
         with _lock:

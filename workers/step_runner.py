@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from shared import checkpoints, failpoints, ledger, metrics, notify, task_store
 from shared.batch import Part
-from shared.db import write_session
+from shared.db import pinned, write_session
 from shared.errors import CancelRequested, LeaseLost, ModelError
 from shared.models import Step, TaskStatus, Tenant, ToolCall, utcnow
 from shared.pricing import cost_usd
@@ -77,22 +77,39 @@ _HOST = socket.gethostname()
 
 def advance(task_id: str, step: int | None = None) -> None:
     """Run one step of ``task_id`` if it is ours to run, then enqueue whatever comes next."""
-    ctx = lease_step(task_id, step)
-    if ctx is None:
-        return
-    started, outcome = time.perf_counter(), "ended"
-    try:
-        outcome = run_leased(ctx)
-    finally:
-        metrics.steps.labels(outcome=outcome).inc()
-        metrics.step_seconds.observe(time.perf_counter() - started)
+    with pinned():  # one database connection for the step's reads and writes
+        ctx = lease_step(task_id, step)
+        if ctx is None:
+            return
+        started, outcome = time.perf_counter(), "ended"
+        try:
+            outcome = run_leased(ctx)
+        finally:
+            metrics.steps.labels(outcome=outcome).inc()
+            metrics.step_seconds.observe(time.perf_counter() - started)
     if outcome == "committed":
         enqueue_step(task_id, ctx.lease.step + 1)
 
 
 def lease_step(task_id: str, step: int | None) -> Context | None:
-    """Take the task's lease and read the step's context in one transaction, or say why not
-    (and come back later if another worker's lease may still run out)."""
+    """Take the task's lease and read the step's context, or say why not (and come back later
+    if another worker's lease may still run out).
+
+    The step's connection comes from the pool unpinged: the lease's first statement is a
+    read, and a dead connection fails there; then once more on a fresh one. (Had it failed
+    on the lease itself, the lease may be taken: the second try sees it held and comes back
+    once it runs out.)
+    """
+    try:
+        return _lease_step(task_id, step)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        log.info("lease for %s: connection lost, once more on a fresh one", task_id)
+        return _lease_step(task_id, step)
+
+
+def _lease_step(task_id: str, step: int | None) -> Context | None:
     settings = get_settings()
     with write_session() as session:
         lease = task_store.take_lease(

@@ -18,7 +18,7 @@ import threading
 from sqlalchemy import text
 
 from shared import outbox, task_store
-from shared.db import transaction
+from shared.db import transaction, write_session
 from shared.queue import enqueue_deliveries, enqueue_step
 from shared.settings import get_settings
 
@@ -28,7 +28,11 @@ SWEEP_LOCK_ID = 0x5241544348  # "RATCH"
 
 def sweep_once() -> int:
     """One pass: re-enqueue every overdue task and every due webhook delivery; return how
-    many messages it sent."""
+    many messages it sent.
+
+    The sweep's transaction only reads, so a sweeper stopped in it (a frozen VM) holds no
+    task's row; each overdue task is then claimed by one autocommit statement.
+    """
     grace_ms = int(get_settings().sweep_grace_seconds * 1000)
     with transaction() as session:
         if session.get_bind().dialect.name == "postgresql":
@@ -43,9 +47,11 @@ def sweep_once() -> int:
             )
             if not got:
                 return 0
-        overdue = task_store.due_for_sweep(session, grace_ms=grace_ms)
-        task_store.mark_redispatched(session, [task_id for task_id, _ in overdue])
+        candidates = task_store.due_for_sweep(session, grace_ms=grace_ms)
         deliveries = outbox.due(session)
+    with write_session() as session:
+        ids = [task_id for task_id, _ in candidates]
+        overdue = task_store.mark_redispatched(session, ids, grace_ms=grace_ms)
     for task_id, step in overdue:
         enqueue_step(task_id, step)
     enqueue_deliveries(deliveries)
