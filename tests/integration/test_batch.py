@@ -1,0 +1,173 @@
+"""The one-statement fenced write on PostgreSQL: all or nothing, and the Task its events carry
+is the row it wrote (the document is predicted before the statement, so this is checked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from shared import task_store
+from shared.db import fetch_one, transaction, write_session
+from shared.errors import CancelRequested, LeaseLost
+from shared.models import Step, Task, TaskEvent, WebhookDelivery
+from shared.views import task_document
+from tests.conftest import TenantHandle
+from tests.helpers import calculator_script, scripted_task, tool_turn
+from workers import step_runner
+
+
+def submit(client: TestClient, tenant: TenantHandle, body: dict[str, Any]) -> str:
+    response = client.post("/v1/tasks", json=body, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    task_id: str = response.json()["id"]
+    return task_id
+
+
+def events_of(task_id: str) -> list[TaskEvent]:
+    with transaction() as session:
+        return list(
+            session.scalars(
+                select(TaskEvent).where(TaskEvent.task_id == task_id).order_by(TaskEvent.seq)
+            )
+        )
+
+
+def stored_document(task_id: str) -> dict[str, Any]:
+    with transaction() as session:
+        task = session.get(Task, task_id)
+        assert task is not None
+        return task_document(task)
+
+
+def test_each_event_of_a_run_has_the_next_seq_and_the_terminal_one_carries_the_stored_task(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    task_id = submit(client, tenant, scripted_task(calculator_script(3)))
+    assert drive(task_id) == "succeeded"
+    events = events_of(task_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].type == "task.succeeded"
+    assert events[-1].data == stored_document(task_id)
+    assert client.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json() == events[-1].data
+    with transaction() as session:
+        task = session.get(Task, task_id)
+        assert task is not None
+        assert task.last_event_seq == len(events)
+
+
+def test_the_started_event_carries_the_task_as_the_lease_left_it(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    task_id = submit(client, tenant, scripted_task(calculator_script(2)))
+    ctx = step_runner.lease_step(task_id, 1)
+    assert ctx is not None
+    started = events_of(task_id)[-1]
+    assert started.type == "task.started"
+    assert started.data == stored_document(task_id)
+    assert started.data["status"] == "running"
+    assert started.data["attempt"] == 1
+
+
+@pytest.mark.parametrize("budget", [{"max_tokens": 1}])
+def test_a_failure_event_carries_the_usage_the_same_write_added(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], budget: dict[str, Any]
+) -> None:
+    task_id = submit(client, tenant, scripted_task(calculator_script(2), budget=budget))
+    assert drive(task_id) == "failed"
+    [*_, failed] = events_of(task_id)
+    assert failed.type == "task.failed"
+    assert failed.data["error"]["type"] == "budget_exceeded"
+    assert failed.data["usage"]["input_tokens"] > 0
+    assert failed.data == stored_document(task_id)
+
+
+def test_a_cancel_at_the_fence_writes_the_cancelled_task_as_stored(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    script = [{"delay_ms": 0, **tool_turn("calculator", expression="1+1")}, {"content": "x"}]
+    task_id = submit(client, tenant, scripted_task(script))
+    ctx = step_runner.lease_step(task_id, 1)
+    assert ctx is not None
+    assert client.post(f"/v1/tasks/{task_id}/cancel", headers=tenant.headers).status_code == 202
+    assert step_runner.run_leased(ctx) == "ended"
+    [*_, cancelled] = events_of(task_id)
+    assert cancelled.type == "task.cancelled"
+    assert cancelled.data == stored_document(task_id)
+
+
+def test_a_refused_write_writes_nothing_at_all(client: TestClient, tenant: TenantHandle) -> None:
+    """The fence fails: no event, no checkpoint, no delivery, no change to the row."""
+    task_id = submit(
+        client, tenant, scripted_task(calculator_script(2), webhook={"url": "http://127.0.0.1:9/"})
+    )
+    ctx = step_runner.lease_step(task_id, 1)
+    assert ctx is not None
+    lease = ctx.lease
+    stale = task_store.Lease(**{**lease.__dict__, "epoch": lease.epoch - 1})
+    before = (stored_document(task_id), len(events_of(task_id)))
+    done = task_store.terminal_values("succeeded", result={"output": "x"}, steps=1)
+    with pytest.raises(LeaseLost), write_session() as session:
+        task_store.write(
+            session,
+            stale,
+            task=ctx.task,
+            values=done,
+            events=[("step.completed", {"step": 1}), ("task.succeeded", task_document)],
+        )
+    assert (stored_document(task_id), len(events_of(task_id))) == before
+    with transaction() as session:
+        assert session.get(Step, (task_id, 1)) is None
+        terminal = select(WebhookDelivery).where(
+            WebhookDelivery.task_id == task_id, WebhookDelivery.event_type == "task.succeeded"
+        )
+        assert session.scalars(terminal).all() == []
+
+    # The same write under the live lease, with the client's cancel pending: refused as a
+    # cancel, again with nothing written.
+    with transaction() as session:
+        session.execute(
+            Task.__table__.update().where(Task.id == task_id).values(cancel_requested=True)
+        )
+    with pytest.raises(CancelRequested), write_session() as session:
+        task_store.write(session, lease, task=ctx.task, values=done)
+    assert stored_document(task_id) == before[0]
+
+
+def test_a_statement_compiled_once_returns_what_sqlalchemy_would(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    task_id = submit(client, tenant, scripted_task(calculator_script(2), metadata={"k": "v"}))
+    with transaction() as session:
+        fast = fetch_one(session, task_store._READ, {"b_task_id": task_id})
+        slow = session.execute(task_store._READ, {"b_task_id": task_id}).one()
+    assert fast is not None
+    fast_row, slow_row = fast._asdict(), slow._asdict()
+    assert abs(fast_row.pop("clock_ms") - slow_row.pop("clock_ms")) < 1000  # two reads of a clock
+    assert fast_row == slow_row
+
+
+def test_only_the_lease_commits_without_waiting_for_its_wal_flush(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    """Checkpoints must survive a database crash once committed; a lease need not (lost, it
+    was never taken)."""
+    from shared import db
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    db.statement_observers.append(lambda _c, sql, values: sent.append((sql, values)))
+    try:
+        task_id = submit(client, tenant, scripted_task(calculator_script(3)))
+        assert drive(task_id) == "succeeded"
+    finally:
+        db.statement_observers.pop()
+    writes = [(sql, values) for sql, values in sent if sql.startswith("WITH w AS")]
+    leases = [w for w in writes if "lease_epoch=(tasks.lease_epoch +" in w[0]]
+    lazy = [w for w in writes if "synchronous_commit" in w[1].values()]
+    assert len(leases) == 3
+    assert lazy == leases
+    assert len(writes) > len(leases)

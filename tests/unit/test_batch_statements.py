@@ -1,0 +1,37 @@
+"""What the one-statement writes say to PostgreSQL (compiled, no database needed)."""
+
+from __future__ import annotations
+
+from sqlalchemy.dialects import postgresql
+
+from shared import batch, task_store
+from shared.batch import Batch
+from shared.checkpoints import completion
+from shared.models import utcnow
+
+LEASE = task_store.Lease(task_id="t", epoch=2, owner="w", step=1, attempt=1, ttl_ms=30_000)
+
+
+def compiled(of: Batch) -> str:
+    return str(batch._compose(of).compile(dialect=postgresql.dialect()))
+
+
+def write_batch(**values: object) -> Batch:
+    changes = {"lease_expires_ms": task_store.FromNow(1), **values}
+    shape = task_store._shape(changes)
+    return Batch(
+        fence=task_store._write_statement(shape, honour_cancel=True),
+        key=("write", shape, True),
+        params={},
+        events=[("step.completed", {"step": 1})],
+        parts=[completion(LEASE)],
+        now=utcnow(),
+    )
+
+
+def test_a_step_write_is_one_statement_whose_every_part_depends_on_the_fence() -> None:
+    sql = compiled(write_batch(steps=1))
+    assert sql.startswith("WITH w AS")
+    assert sql.count("UPDATE tasks") == 1
+    assert "INSERT INTO task_events" in sql and "FROM w" in sql
+    assert "UPDATE steps" in sql and "steps.task_id = w.id" in sql
