@@ -33,5 +33,7 @@ def test_a_step_write_is_one_statement_whose_every_part_depends_on_the_fence() -
     sql = compiled(write_batch(steps=1))
     assert sql.startswith("WITH w AS")
     assert sql.count("UPDATE tasks") == 1
-    assert "INSERT INTO task_events" in sql and "FROM w" in sql
-    assert "UPDATE steps" in sql and "steps.task_id = w.id" in sql
+    assert "INSERT INTO task_events" in sql
+    assert "FROM w" in sql
+    assert "UPDATE steps" in sql
+    assert "steps.task_id = w.id" in sql
