@@ -324,8 +324,12 @@ def checkpoint(
 # --- limiter -----------------------------------------------------------------------------
 
 
-def _client_loop(  # noqa: PLR0917 - a multiprocessing target takes positional args
-    kind: str, redis_url: str, threads: int, seconds: float, start_at: float, results: Any
+KINDS = ("incr", "limiter", "limiter3")
+SLICE_SECONDS = 0.25  # the kinds take turns in slices this long, so drift hits them alike
+
+
+def _client_loop(
+    redis_url: str, threads: int, seconds: float, start_at: float, results: Any
 ) -> None:
     import redis
 
@@ -336,39 +340,43 @@ def _client_loop(  # noqa: PLR0917 - a multiprocessing target takes positional a
     scope = "bench"
     # "limiter": one requests bucket and the model's 429 block (the common case);
     # "limiter3": a model's requests and tokens buckets and a tenant bucket, and the block.
-    takes = [Take(Bucket(f"model:{scope}:requests", rate=1e12))]
-    if kind == "limiter3":
-        takes += [
-            Take(Bucket(f"model:{scope}:tokens", rate=1e15), 500),
-            Take(Bucket(f"tenant:{scope}:requests", rate=1e12)),
-        ]
+    one = [Take(Bucket(f"model:{scope}:requests", rate=1e12))]
+    three = [
+        *one,
+        Take(Bucket(f"model:{scope}:tokens", rate=1e15), 500),
+        Take(Bucket(f"tenant:{scope}:requests", rate=1e12)),
+    ]
     key = "ratchet:bench:incr"
-    op: Callable[[], object] = (
-        (lambda: client.incr(key))
-        if kind == "incr"
-        else (lambda: limiter.acquire(takes, blocks=[scope]))
-    )
-    latencies: list[list[float]] = [[] for _ in range(threads)]
+    ops: dict[str, Callable[[], object]] = {
+        "incr": lambda: client.incr(key),
+        "limiter": lambda: limiter.acquire(one, blocks=[scope]),
+        "limiter3": lambda: limiter.acquire(three, blocks=[scope]),
+    }
+    latencies: list[dict[str, list[float]]] = [defaultdict(list) for _ in range(threads)]
 
     def run(index: int) -> None:
         while time.time() < start_at:
             time.sleep(0.001)
-        deadline = start_at + seconds
-        mine = latencies[index]
-        while time.time() < deadline:
-            started = time.perf_counter()
-            op()
-            mine.append((time.perf_counter() - started) * 1000)
+        deadline, mine = start_at + seconds, latencies[index]
+        while (now := time.time()) < deadline:
+            turn = int((now - start_at) / SLICE_SECONDS)
+            kind, turn_ends = KINDS[turn % len(KINDS)], start_at + (turn + 1) * SLICE_SECONDS
+            op, out = ops[kind], mine[kind]
+            while time.time() < turn_ends:
+                started = time.perf_counter()
+                op()
+                out.append((time.perf_counter() - started) * 1000)
 
     pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join()
-    results.put([x for lane in latencies for x in lane])
+    results.put({kind: [x for lane in latencies for x in lane[kind]] for kind in KINDS})
 
 
-def _measure(kind: str, redis_url: str, clients: int, seconds: float) -> dict[str, float]:
+def _measure(redis_url: str, clients: int, seconds: float) -> dict[str, dict[str, float]]:
+    """Every kind at ``clients`` concurrent clients, taking turns in short slices."""
     processes = 1 if clients == 1 else 2
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -376,16 +384,22 @@ def _measure(kind: str, redis_url: str, clients: int, seconds: float) -> dict[st
     procs = [
         context.Process(
             target=_client_loop,
-            args=(kind, redis_url, clients // processes, seconds, start_at, results),
+            args=(redis_url, clients // processes, seconds, start_at, results),
         )
         for _ in range(processes)
     ]
     for proc in procs:
         proc.start()
-    latencies = [x for _ in procs for x in results.get(timeout=seconds + 60)]
+    merged: dict[str, list[float]] = defaultdict(list)
+    for _ in procs:
+        for kind, values in results.get(timeout=seconds + 60).items():
+            merged[kind] += values
     for proc in procs:
         proc.join()
-    return {"ops_per_s": len(latencies) / seconds, **summary(latencies)}
+    each = seconds / len(KINDS)  # the time each kind had
+    return {
+        kind: {"ops_per_s": len(merged[kind]) / each, **summary(merged[kind])} for kind in KINDS
+    }
 
 
 def _saturate(
@@ -419,7 +433,7 @@ def _saturate(
 
 @app.command()
 def limiter(
-    seconds: float = typer.Option(5.0, help="seconds per concurrency level"),
+    seconds: float = typer.Option(15.0, help="seconds per concurrency level (all kinds)"),
     saturate_seconds: float = typer.Option(60.0, help="length of the saturated accuracy run"),
     rate: float = typer.Option(100.0, help="the saturated bucket's rate, per second"),
 ) -> None:
@@ -434,9 +448,8 @@ def limiter(
     client.delete(RedisLimiter.bucket_key("bench:saturated"))
     levels: dict[str, Any] = {}
     for clients in (1, 16, 64):
-        incr = _measure("incr", url, clients, seconds)
-        decision = _measure("limiter", url, clients, seconds)
-        decision3 = _measure("limiter3", url, clients, seconds)
+        measured = _measure(url, clients, seconds)
+        incr, decision, decision3 = (measured[kind] for kind in KINDS)
         levels[str(clients)] = {
             "incr": incr,
             "limiter": decision,

@@ -80,77 +80,95 @@ class Limiter(Protocol):
     def blocked(self) -> dict[str, int]: ...
 
 
-# KEYS: the n bucket hashes, then the m block keys, then the stats hash.
+# A bucket is one string, "<level>:<ms of that level>"; a block is one string, the Redis-clock
+# ms it lasts until (and it expires then). So a decision reads every key it needs with one
+# MGET and writes every bucket with one MSET, however many buckets apply: the script's cost
+# hardly grows with them.
+#
+# KEYS: the n buckets, then the m blocks, then the stats hash.
 # ARGV: n, m, then per bucket: rate_per_ms, burst, cost. A scope's name is its key past the
 # prefix (ARGV carries nothing it can derive: fewer arguments, a shorter round trip).
 _ACQUIRE = """
+local tonumber, min, max, ceil, match = tonumber, math.min, math.max, math.ceil, string.match
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
-local stats = KEYS[n + m + 1]
-local wait, who = 0, ''
-for j = 1, m do
-  local pttl = redis.call('PTTL', KEYS[n + j])
-  if pttl > wait then wait, who = pttl, string.sub(KEYS[n + j], BLOCK_PREFIX_LEN + 1) end
+local values = redis.call('MGET', unpack(KEYS, 1, n + m))
+local wait, who = 0, nil
+for j = n + 1, n + m do
+  local left = (tonumber(values[j]) or 0) - now
+  if left > wait then wait, who = left, j end
 end
-if wait > 0 then
-  redis.call('HINCRBY', stats, 'denied:' .. who, 1)
-  redis.call('HINCRBY', stats, 'wait_ms:' .. who, wait)
-  redis.call('PEXPIRE', stats, 600000)
-  return {wait, 'blocked:' .. who}
-end
-local levels = {}
-for i = 1, n do
-  local per_ms = tonumber(ARGV[3 * i])
-  local burst, cost = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  local state = redis.call('HMGET', KEYS[i], 'level', 'ts')
-  local level = tonumber(state[1]) or burst
-  local ts = tonumber(state[2]) or now
-  level = math.min(burst, level + math.max(0, now - ts) * per_ms)
-  levels[i] = level - cost
-  if level < cost then
-    local need = math.ceil((cost - level) / per_ms)
-    if need > wait then wait, who = need, string.sub(KEYS[i], BUCKET_PREFIX_LEN + 1) end
+local writes = {}
+if wait == 0 then
+  for i = 1, n do
+    local per_ms = tonumber(ARGV[3 * i])
+    local burst, cost = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+    local level, ts = burst, now
+    local value = values[i]
+    if value then
+      local l, s = match(value, '^([^:]+):(.+)$')
+      level, ts = tonumber(l), tonumber(s)
+    end
+    level = min(burst, level + max(0, now - ts) * per_ms)
+    if level < cost then
+      local need = ceil((cost - level) / per_ms)
+      if need > wait then wait, who = need, i end
+    end
+    writes[2 * i - 1], writes[2 * i] = KEYS[i], (level - cost) .. ':' .. now
   end
 end
 if wait > 0 then
-  redis.call('HINCRBY', stats, 'denied:' .. who, 1)
-  redis.call('HINCRBY', stats, 'wait_ms:' .. who, wait)
+  local stats = KEYS[n + m + 1]
+  local name = who > n and string.sub(KEYS[who], BLOCK_PREFIX_LEN + 1)
+    or string.sub(KEYS[who], BUCKET_PREFIX_LEN + 1)
+  redis.call('HINCRBY', stats, 'denied:' .. name, 1)
+  redis.call('HINCRBY', stats, 'wait_ms:' .. name, wait)
   redis.call('PEXPIRE', stats, 600000)
-  return {wait, who}
+  if who > n then return {wait, 'blocked:' .. name} end
+  return {wait, name}
 end
-for i = 1, n do
-  redis.call('HSET', KEYS[i], 'level', levels[i], 'ts', now)
-end
+if n > 0 then redis.call('MSET', unpack(writes)) end
 return 0
 """
 # The "go" path writes only the buckets: grants are counted in each process and added to the
 # stats hash about once a second (FLUSH_SECONDS), which keeps the common decision short.
-# Bucket hashes carry no expiry: there is one per configured scope, and a stale level is
-# harmless (it is capped at the bucket's capacity when read).
+# Buckets carry no expiry: there is one per configured scope, and a stale level is harmless
+# (it is capped at the bucket's capacity when read).
 
-# Refund (delta < 0 takes back less) or charge the difference after the real usage is known.
-ADJUST = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local per_ms, burst, delta = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local state = redis.call('HMGET', KEYS[1], 'level', 'ts')
-local level = tonumber(state[1]) or burst
-local ts = tonumber(state[2]) or now
-level = math.min(burst, level + math.max(0, now - ts) * per_ms) - delta
-redis.call('HSET', KEYS[1], 'level', math.min(burst, level), 'ts', now)
-redis.call('PEXPIRE', KEYS[1], math.ceil(burst / per_ms) + 60000)
-return 1
-"""
-
-LEVEL = """
+_READ_LEVEL = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local per_ms, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
-local state = redis.call('HMGET', KEYS[1], 'level', 'ts')
-local level = tonumber(state[1]) or burst
-local ts = tonumber(state[2]) or now
-return tostring(math.min(burst, level + math.max(0, now - ts) * per_ms))
+local level, ts = burst, now
+local value = redis.call('GET', KEYS[1])
+if value then
+  local l, s = string.match(value, '^([^:]+):(.+)$')
+  level, ts = tonumber(l), tonumber(s)
+end
+level = math.min(burst, level + math.max(0, now - ts) * per_ms)
+"""
+
+# Refund (delta < 0 takes back less) or charge the difference after the real usage is known.
+ADJUST = (
+    _READ_LEVEL
+    + """
+redis.call('SET', KEYS[1], math.min(burst, level - tonumber(ARGV[3])) .. ':' .. now)
+return 1
+"""
+)
+
+LEVEL = _READ_LEVEL + "return tostring(level)\n"
+
+# Block a scope until now + ARGV[1] ms on the Redis clock, and count the provider's 429.
+BLOCK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ms = tonumber(ARGV[1])
+redis.call('SET', KEYS[1], now + ms, 'PX', ms)
+redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+redis.call('EXPIRE', KEYS[2], 600)
+return 1
 """
 
 
@@ -158,8 +176,10 @@ def _minute() -> int:
     return int(time.time()) // 60
 
 
-BUCKET_PREFIX = f"{RATE_LIMIT_PREFIX}bucket:"
-BLOCK_PREFIX = f"{RATE_LIMIT_PREFIX}blocked:"
+# Bucket and block keys changed form once (hashes and flags before): new prefixes, so a fleet
+# half upgraded never reads a key of the other form. The old keys expire or are ignored.
+BUCKET_PREFIX = f"{RATE_LIMIT_PREFIX}level:"
+BLOCK_PREFIX = f"{RATE_LIMIT_PREFIX}until:"
 ACQUIRE = _ACQUIRE.replace("BLOCK_PREFIX_LEN", str(len(BLOCK_PREFIX))).replace(
     "BUCKET_PREFIX_LEN", str(len(BUCKET_PREFIX))
 )
@@ -179,6 +199,7 @@ class RedisLimiter:
         self._acquire = client.register_script(ACQUIRE)
         self._adjust = client.register_script(ADJUST)
         self._level = client.register_script(LEVEL)
+        self._block = client.register_script(BLOCK)
 
     @staticmethod
     def bucket_key(scope: str) -> str:
@@ -266,11 +287,8 @@ class RedisLimiter:
     def block(self, scope: str, seconds: float) -> None:
         """Stop every worker from calling ``scope`` for ``seconds`` (a provider's Retry-After)."""
         ms = max(1, math.ceil(seconds * 1000))
-        pipe = self.client.pipeline(transaction=True)
-        pipe.set(self.block_key(scope), "1", px=ms)
-        pipe.hincrby(self.stats_key(_minute()), f"provider_429:{scope}", 1)
-        pipe.expire(self.stats_key(_minute()), 600)
-        pipe.execute()
+        keys = [self.block_key(scope), self.stats_key(_minute())]
+        self._block(keys=keys, args=[ms, f"provider_429:{scope}"])
 
     def snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]:
         try:
