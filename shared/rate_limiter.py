@@ -51,6 +51,11 @@ class Bucket:
     def per_ms(self) -> float:
         return self.rate / (self.period_s * 1000)
 
+    @cached_property
+    def key(self) -> str:
+        """Its state's key in Redis."""
+        return BUCKET_PREFIX + self.scope
+
 
 @dataclass(frozen=True)
 class Take:
@@ -217,13 +222,14 @@ class RedisLimiter:
         """Take from every bucket or from none; ``blocks`` are scopes a 429 may have paused."""
         if not takes and not blocks:
             return GRANTED
-        keys = [BUCKET_PREFIX + t.bucket.scope for t in takes]
+        keys = [t.bucket.key for t in takes]
         keys += [BLOCK_PREFIX + scope for scope in blocks]
         keys.append(self.stats_key(_minute()))
         args: list[Any] = [len(takes), len(blocks)]
         for take in takes:
             bucket = take.bucket
-            args += [bucket.per_ms, bucket.burst, min(take.cost, bucket.burst)]
+            burst = bucket.burst
+            args += (bucket.per_ms, burst, take.cost if take.cost < burst else burst)
         try:
             answer = self._evalsha(keys, args)
         except redis.RedisError as exc:
@@ -247,7 +253,7 @@ class RedisLimiter:
             for take in takes:
                 scope = take.bucket.scope
                 self._granted[scope] = self._granted.get(scope, 0) + 1
-            if self._flusher is None or self._flusher_pid != os.getpid():  # none since a fork
+            if self._flusher_pid != os.getpid():  # none yet, or none since a fork
                 self._flusher_pid = os.getpid()
                 self._flusher = threading.Thread(
                     target=self._flush_forever, name="ratchet-limiter-stats", daemon=True
