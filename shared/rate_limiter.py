@@ -14,6 +14,7 @@ cluster-safe. It never sleeps: it answers "go" or "retry after N ms".
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -181,6 +182,17 @@ def _minute() -> int:
     return int(time.time()) // 60
 
 
+_pid = os.getpid()  # this process's pid, kept current across forks without a syscall per call
+
+
+def _forked() -> None:
+    global _pid  # noqa: PLW0603 - refreshed in a forked child
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 # Bucket and block keys changed form once (hashes and flags before): new prefixes, so a fleet
 # half upgraded never reads a key of the other form. The old keys expire or are ignored.
 BUCKET_PREFIX = f"{RATE_LIMIT_PREFIX}level:"
@@ -197,10 +209,12 @@ class RedisLimiter:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._granted: dict[str, int] = {}
-        self._granted_lock = threading.Lock()
-        self._flusher: threading.Thread | None = None
+        # Each grant appends its scopes here (deque appends are thread-safe); the flusher
+        # thread counts them. A decision pays no lock for its statistics.
+        self._granted: collections.deque[tuple[str, ...]] = collections.deque()
+        self._flusher_lock = threading.Lock()
         self._flusher_pid = 0
+        self._stats_key = (0, "")
         self._acquire = client.register_script(ACQUIRE)
         self._adjust = client.register_script(ADJUST)
         self._level = client.register_script(LEVEL)
@@ -224,7 +238,7 @@ class RedisLimiter:
             return GRANTED
         keys = [t.bucket.key for t in takes]
         keys += [BLOCK_PREFIX + scope for scope in blocks]
-        keys.append(self.stats_key(_minute()))
+        keys.append(self._current_stats_key())
         args: list[Any] = [len(takes), len(blocks)]
         for take in takes:
             bucket = take.bucket
@@ -235,7 +249,9 @@ class RedisLimiter:
         except redis.RedisError as exc:
             raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
         if answer == 0:
-            self._count_granted(takes)
+            self._granted.append(tuple(t.bucket.scope for t in takes))
+            if self._flusher_pid != _pid:
+                self._start_flusher()
             return GRANTED
         wait, scope = answer
         who = scope.decode() if isinstance(scope, bytes) else str(scope)
@@ -248,17 +264,20 @@ class RedisLimiter:
         except redis.exceptions.NoScriptError:
             return self._acquire(keys=keys, args=args)
 
-    def _count_granted(self, takes: Sequence[Take]) -> None:
-        with self._granted_lock:
-            for take in takes:
-                scope = take.bucket.scope
-                self._granted[scope] = self._granted.get(scope, 0) + 1
-            if self._flusher_pid != os.getpid():  # none yet, or none since a fork
-                self._flusher_pid = os.getpid()
-                self._flusher = threading.Thread(
+    def _current_stats_key(self) -> str:
+        minute = _minute()
+        if self._stats_key[0] != minute:
+            self._stats_key = (minute, self.stats_key(minute))
+        return self._stats_key[1]
+
+    def _start_flusher(self) -> None:
+        """One flusher thread per process (a forked child starts its own)."""
+        with self._flusher_lock:
+            if self._flusher_pid != _pid:
+                self._flusher_pid = _pid
+                threading.Thread(
                     target=self._flush_forever, name="ratchet-limiter-stats", daemon=True
-                )
-                self._flusher.start()
+                ).start()
 
     def _flush_forever(self) -> None:
         while True:
@@ -267,8 +286,10 @@ class RedisLimiter:
 
     def flush(self) -> None:
         """Add this process's counted grants to the shared stats (best effort)."""
-        with self._granted_lock:
-            granted, self._granted = self._granted, {}
+        granted: dict[str, int] = {}
+        while self._granted:
+            for scope in self._granted.popleft():
+                granted[scope] = granted.get(scope, 0) + 1
         if not granted:
             return
         key = self.stats_key(_minute())
