@@ -261,7 +261,7 @@ def take_lease(
     Two round trips: a read, then one compare-and-set UPDATE with its event and deliveries.
     """
     read = fetch_one(session, _READ, {"b_task_id": task_id})
-    refused = _refused_at_sight(read, step=step, max_attempts=max_attempts)
+    refused = _refused_at_sight(read, step=step)
     if refused is not None:
         return refused
     assert read is not None
@@ -309,8 +309,9 @@ def take_lease(
     )
 
 
-def _refused_at_sight(read: Any, *, step: int | None, max_attempts: int) -> LeaseRefused | None:
-    """The refusals the read alone decides (the common ones: stale and duplicate messages)."""
+def _refused_at_sight(read: Any, *, step: int | None) -> LeaseRefused | None:
+    """The refusals a read of the task decides (the common ones: stale and duplicate
+    messages), or None."""
     if read is None:
         return LeaseRefused("missing")
     if read.status not in TaskStatus.RUNNABLE:
@@ -348,34 +349,23 @@ def _settle(state: TaskState, row: Any) -> None:
 def _refusal(
     session: Session, task_id: str, *, ttl_ms: int, step: int | None, max_attempts: int
 ) -> LeaseRefused:
-    """Why the lease UPDATE matched nothing (the slow path)."""
-    task = session.get(Task, task_id, populate_existing=True)
-    if task is None:
-        return LeaseRefused("missing")
-    if task.status not in TaskStatus.RUNNABLE:
-        return LeaseRefused(f"status is {task.status}")
-    if step is not None and task.steps + 1 != step:
-        return LeaseRefused(f"stale message for step {step}; task is at step {task.steps + 1}")
-    held = _why_held(session, task_id, ttl_ms)
-    if held.reason == HELD:
-        return held  # a live lease: whatever the attempt count, its holder is working
-    if task.attempt >= max_attempts and _fail_poisoned(session, task, max_attempts):
+    """Why no lease, read afresh (the slow path): the task moved on, someone holds it, its
+    step keeps killing its workers, or another worker won the race."""
+    read = fetch_one(session, _READ, {"b_task_id": task_id})
+    refused = _refused_at_sight(read, step=step)
+    if refused is not None:
+        return refused  # a live lease among them: whatever the attempt count, it is working
+    assert read is not None
+    if read.attempt >= max_attempts and _fail_poisoned(session, read, max_attempts):
         return LeaseRefused("poisoned: failed with worker_lost")
-    return held
+    return LeaseRefused("lost the race for the lease", retry_in_ms=ttl_ms)
 
 
 HELD = "held by another worker"
 CANCELLED_ERROR = {"type": "cancelled", "message": "cancelled at the client's request"}
 
 
-def _why_held(session: Session, task_id: str, ttl_ms: int) -> LeaseRefused:
-    row = session.execute(select(Task.lease_expires_ms, now_ms()).where(Task.id == task_id)).first()
-    if row is None or row[0] is None or row[0] <= row[1]:
-        return LeaseRefused("lost the race for the lease", retry_in_ms=ttl_ms)
-    return LeaseRefused(HELD, retry_in_ms=int(row[0] - row[1]))
-
-
-def _fail_poisoned(session: Session, task: Task, max_attempts: int) -> bool:
+def _fail_poisoned(session: Session, task: TaskState, max_attempts: int) -> bool:
     """Fail a task whose step keeps killing its workers; only if nobody holds it (or could
     have finished it meanwhile). Returns whether it did. Its webhooks go out with the
     sweeper's next pass."""
