@@ -186,7 +186,7 @@ def _compose(batch: Batch) -> Select[Any]:
             .cte("e_ins")
         )
     if batch.deliveries:
-        ctes.append(_deliveries_cte(w, count=len(batch.events)))
+        ctes.append(_deliveries_cte(w))
     for index, part in enumerate(batch.parts):
         ctes.append(_part_cte(w, index, part))
     if batch.durable:
@@ -196,7 +196,7 @@ def _compose(batch: Batch) -> Select[Any]:
     return select(w).join_from(w, lazy, true()).add_cte(*ctes)
 
 
-def _deliveries_cte(w: Any, *, count: int) -> Any:
+def _deliveries_cte(w: Any) -> Any:
     d = _recordset(
         "d",
         "x_deliveries",
@@ -214,7 +214,7 @@ def _deliveries_cte(w: Any, *, count: int) -> Any:
         bindparam("x_tenant_id"),
         w.c.id,
         d.c.endpoint_id,
-        w.c.last_event_seq - literal(count) + d.c.offset,
+        w.c.last_event_seq - bindparam("x_count", type_=Integer) + d.c.offset,
         d.c.event_type,
         d.c.url,
         d.c.payload,

@@ -79,9 +79,9 @@ def make_engine(url: str) -> Engine:
         pool_recycle=1800,
         connect_args={
             "options": f"-c idle_in_transaction_session_timeout={idle_ms}"
-            # Every Ratchet query is a keyed index lookup, so one plan serves all parameter
-            # values; re-planning the step's big write statements (a custom plan each time)
-            # costs more than running them.
+            # Ratchet's queries are keyed lookups or index range scans whose best plan does
+            # not depend on the values; re-planning the step's big write statements (a custom
+            # plan each time) costs more than running them.
             " -c plan_cache_mode=force_generic_plan"
         },
     )
@@ -242,6 +242,7 @@ def pinned() -> Iterator[None]:
 class _Compiled:
     sql: str
     defaults: dict[str, Any]  # values SQLAlchemy bound itself (literals in the statement)
+    required: frozenset[str]  # parameters each execution must give
     json: frozenset[str]  # parameters of JSON type: psycopg takes them wrapped
 
 
@@ -259,7 +260,8 @@ def _compile(statement: Any, dialect: Any) -> _Compiled:
     )
     # Literals SQLAlchemy bound itself; the rest come with each execution.
     defaults = dict(compiled.construct_params(_check=False))
-    result = _Compiled(str(compiled), defaults, json_params)
+    required = frozenset(name for name, bind in compiled.binds.items() if bind.required)
+    result = _Compiled(str(compiled), defaults, required, json_params)
     _compiled[id(statement)] = (statement, result)
     return result
 
@@ -283,6 +285,9 @@ def fetch_one(session: Session, statement: Any, params: dict[str, Any]) -> Any |
     if connection.dialect.name != "postgresql":
         return session.execute(statement, params).one_or_none()
     compiled = _compile(statement, connection.dialect)
+    if not compiled.required <= params.keys():
+        missing = ", ".join(sorted(compiled.required - params.keys()))
+        raise ValueError(f"no value for the statement's parameters: {missing}")
     values = {**compiled.defaults, **params}
     for name in compiled.json:
         values[name] = Jsonb(values[name])

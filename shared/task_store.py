@@ -49,9 +49,10 @@ _READ = select(*TASK_COLUMNS, now_ms().label("clock_ms")).where(
 def _lease_statement(*, queued: bool) -> Update:
     """The lease UPDATE, built once per case: it runs before every step.
 
-    It is a compare-and-set on the row as read just before (epoch, event seq, status, step),
-    so what the lease predicts of the row (the ``task.started`` event carries it) is what the
-    row became; a row changed in between refuses the lease, and the slow path says why.
+    It is a compare-and-set on the row as read just before (epoch, event seq, status, step,
+    and ``updated_at``, which every write of the row's other columns sets), so what the lease
+    predicts of the row (the ``task.started`` event carries it) is what the row became; a row
+    changed in between refuses the lease, and the slow path says why.
     """
     c = _TASKS.c
     free = c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms())
@@ -71,6 +72,7 @@ def _lease_statement(*, queued: bool) -> Update:
         .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("b_epoch"))
         .where(c.last_event_seq == bindparam("b_seq"), c.status == bindparam("b_status"))
         .where(c.steps == bindparam("b_steps"), c.attempt < bindparam("b_max_attempts"), free)
+        .where(c.updated_at == bindparam("b_updated_at", type_=DateTime(timezone=True)))
         .values(values)
         .returning(c.id, c.last_event_seq, now_ms().label("clock_ms"))
     )
@@ -86,15 +88,14 @@ def state_of(task: TaskState) -> SimpleNamespace:
     return SimpleNamespace(**{name: getattr(task, name) for name in FIELDS})
 
 
-def predict(task: TaskState, changes: dict[str, Any], *, clock_ms: int) -> TaskState:
+def predict(task: TaskState, changes: dict[str, Any]) -> TaskState:
     """The row as a write of ``changes`` leaves it. Exact for a fenced write: only the lease
-    holder changes the columns a Task document shows, and it knows the row it leased."""
+    holder changes the columns a Task document shows, and it knows the row it leased. Values
+    on the database's clock stay ``FromNow`` until ``_settle`` puts the clock in."""
     state = state_of(task)
     for key, value in changes.items():
         if isinstance(value, Increment):
             setattr(state, key, getattr(state, key) + value.by)
-        elif isinstance(value, FromNow):
-            setattr(state, key, clock_ms + value.ms)
         else:
             setattr(state, key, value)
     return cast(TaskState, state)
@@ -128,6 +129,7 @@ class Lease:
     tenant_id: str = ""
     clock_ms: int = 0  # the database clock when the lease was taken
     started: bool = False  # this lease started the task (and logged task.started)
+    fresh: bool = False  # the task never ran before: no step or ledger row to resume
     deliveries: tuple[str, ...] = ()  # webhook deliveries queued by that event
     task: TaskState | None = field(default=None, compare=False, repr=False)  # as leased
 
@@ -278,15 +280,16 @@ def take_lease(
     }
     if queued:
         changes |= {"started_at": now, "last_event_seq": read.last_event_seq + 1}
-    leased = predict(read, changes, clock_ms=read.clock_ms)
+    leased = predict(read, changes)
     params = {"b_task_id": task_id, "b_owner": owner, "b_ttl": ttl_ms, "b_now": now}
     params |= {"b_epoch": read.lease_epoch, "b_seq": read.last_event_seq, "b_status": read.status}
     params |= {"b_steps": read.steps, "b_max_attempts": max_attempts}
-    # The lease commits without waiting for its WAL flush: lost in a database crash, it is as
-    # if never taken (its task.started too); whatever the worker then writes durably flushes
-    # the lease first, and a webhook is sent only after its durable claim.
+    params |= {"b_updated_at": read.updated_at}
+    # A lease that logs nothing commits without waiting for its WAL flush: lost in a database
+    # crash, it is as if never taken, and whatever the worker then writes durably flushes it
+    # first. One that starts the task waits: readers are woken to its task.started at once.
     lease_batch = Batch(
-        fence=_LEASE[queued], key=("lease", queued), params=params, now=now, durable=False
+        fence=_LEASE[queued], key=("lease", queued), params=params, now=now, durable=queued
     )
     if queued:
         _log_in_batch(session, lease_batch, [("task.started", task_document)], task=leased)
@@ -304,6 +307,7 @@ def take_lease(
         tenant_id=leased.tenant_id,
         clock_ms=int(row.clock_ms),
         started=queued,
+        fresh=read.started_at is None,
         deliveries=tuple(d["id"] for d in lease_batch.deliveries),
         task=leased,
     )
@@ -366,23 +370,26 @@ CANCELLED_ERROR = {"type": "cancelled", "message": "cancelled at the client's re
 
 
 def _fail_poisoned(session: Session, task: TaskState, max_attempts: int) -> bool:
-    """Fail a task whose step keeps killing its workers; only if nobody holds it (or could
-    have finished it meanwhile). Returns whether it did. Its webhooks go out with the
-    sweeper's next pass."""
+    """Fail a task whose step keeps killing its workers; only if nobody holds it and nothing
+    wrote it since it was read. Returns whether it did. The epoch moves on, so a worker of an
+    old lease that wakes up cannot write. Its webhooks go out with the sweeper's next pass."""
     error = {
         "type": "worker_lost",
         "message": f"step {task.steps + 1} was started {task.attempt} times and never finished "
         f"(its worker died each time); giving up after {max_attempts} attempts",
     }
-    values = {**_terminal(TaskStatus.FAILED, error=error), "last_event_seq": Increment(1)}
+    values = {
+        **_terminal(TaskStatus.FAILED, error=error),
+        "last_event_seq": Increment(1),
+        "lease_epoch": Increment(1),
+    }
     shape = _shape(values)
+    params = _params(values) | {"b_task_id": task.id, "b_epoch": task.lease_epoch}
+    params |= {"b_seq": task.last_event_seq, "b_updated_at": task.updated_at}
     poison = Batch(
-        fence=_poison_statement(shape),
-        key=("poison", shape),
-        params=_params(values) | {"b_task_id": task.id, "b_epoch": task.lease_epoch},
-        now=utcnow(),
+        fence=_poison_statement(shape), key=("poison", shape), params=params, now=utcnow()
     )
-    failed = predict(task, values, clock_ms=0)
+    failed = predict(task, values)
     _log_in_batch(session, poison, [("task.failed", task_document)], task=failed)
     if batch.run(session, poison) is None:
         return False
@@ -392,10 +399,13 @@ def _fail_poisoned(session: Session, task: TaskState, max_attempts: int) -> bool
 
 @lru_cache(maxsize=4)
 def _poison_statement(shape: tuple[tuple[str, str], ...]) -> Update:
+    """A compare-and-set on the row as read (epoch, event seq, ``updated_at``), unleased."""
     c = _TASKS.c
     return (
         update(_TASKS)
         .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("b_epoch"))
+        .where(c.last_event_seq == bindparam("b_seq"))
+        .where(c.updated_at == bindparam("b_updated_at", type_=DateTime(timezone=True)))
         .where(_runnable(c.status))
         .where(c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms()))
         .values(_assignments(shape))
@@ -560,7 +570,7 @@ def write(
         parts=list(parts),
         now=now,
     )
-    after = predict(task, changes, clock_ms=lease.clock_ms)
+    after = predict(task, changes)
     if events:
         _log_in_batch(session, fenced, events, task=after)
     row = batch.run(session, fenced)
@@ -684,7 +694,13 @@ def request_cancel(
             update(Task)
             .where(Task.id == task_id, Task.lease_epoch == task.lease_epoch)
             .where(Task.status.not_in(TaskStatus.TERMINAL))
-            .values(_terminal(TaskStatus.CANCELLED, error=CANCELLED_ERROR))
+            # the epoch moves on: a worker of an old lease that wakes up cannot write
+            .values(
+                {
+                    **_terminal(TaskStatus.CANCELLED, error=CANCELLED_ERROR),
+                    "lease_epoch": Task.lease_epoch + 1,
+                }
+            )
             .execution_options(synchronize_session=False)
         )
         if done.rowcount == 1:  # type: ignore[attr-defined]
@@ -711,6 +727,7 @@ def requeue_failed(
         update(Task)
         .where(Task.id == task_id, Task.status == TaskStatus.FAILED)
         .values(
+            lease_epoch=Task.lease_epoch + 1,  # a worker of an old lease cannot write any more
             status=TaskStatus.QUEUED,
             error=None,
             finished_at=None,

@@ -149,7 +149,7 @@ def run_leased(ctx: Context) -> str:
         # the lease runs out and the task carries on elsewhere.
         log.warning(
             "fenced: task %s: the database ended this worker's session (lease epoch %d); "
-            "its writes were rolled back: %s",
+            "a write it had sent committed whole or not at all: %s",
             lease.task_id,
             lease.epoch,
             exc.orig,
@@ -275,11 +275,11 @@ def completion(lease: Lease) -> dict[str, Any]:
 def load_context(session: Session, lease: Lease) -> Context:
     """Everything the step needs, read in the lease's transaction.
 
-    A first attempt at step 1 has no history and nothing to resume: it reads nothing more.
+    A task's very first lease has no history and nothing to resume: it reads nothing more.
     """
     task = lease.task
     assert task is not None
-    fresh = lease.step == 1 and lease.attempt == 1
+    fresh = lease.fresh  # never ran: a retried task (attempt 1 again) has rows to resume
     steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
     agent = get_agent(task.agent)
     registry = get_registry()

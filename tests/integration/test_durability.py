@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from shared import task_store
-from shared.db import transaction
+from shared.db import transaction, write_session
 from shared.errors import LeaseLost
 from shared.failpoints import InjectedFault
 from shared.models import Step, Task, TaskEvent, ToolCall
@@ -418,3 +418,81 @@ def test_a_non_idempotent_call_that_overruns_its_limit_is_an_unknown_outcome(
     assert (row.status, row.runs) == ("failed", 1)
     time.sleep(0.6)  # the abandoned call finishes on its own, once: nothing ran it again
     assert journal.read_text().count("slow") == 1
+
+
+# --- races the lease's compare-and-set and the epoch must close --------------------------------
+
+
+def test_a_write_between_the_lease_read_and_its_update_refuses_the_lease(
+    client: TestClient,
+    tenant: TenantHandle,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose lease ran out defers its step just after another read the task: the
+    other's lease must not go ahead on what it read (attempt, failures, waiting are stale)."""
+    task_id = submit(client, tenant, scripted_task(calculator_script(2)))
+    old = step_runner.lease_step(task_id, 1)
+    assert old is not None
+    expire_lease(task_id)
+    real_fetch = task_store.fetch_one
+    done: list[bool] = []
+
+    def read_then_zombie_writes(session: Any, statement: Any, params: dict[str, Any]) -> Any:
+        row = real_fetch(session, statement, params)
+        if statement is task_store._READ and not done:
+            done.append(True)
+            values = task_store.release_values(old.lease, delay_ms=0, model_failures=3)
+            with write_session() as other:
+                task_store.write(other, old.lease, task=old.task, values=values)
+        return row
+
+    monkeypatch.setattr(task_store, "fetch_one", read_then_zombie_writes)
+    with write_session() as session:
+        refused = task_store.take_lease(
+            session, task_id, owner="new", ttl_ms=30_000, step=1, max_attempts=5
+        )
+    assert isinstance(refused, task_store.LeaseRefused)
+    assert task_row(task_id).model_failures == 3
+    assert task_row(task_id).lease_owner is None
+
+
+def test_a_worker_of_an_old_lease_cannot_write_after_a_poison_fail_and_a_retry(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    task_id = submit(client, tenant, scripted_task(calculator_script(2)))
+    zombie = step_runner.lease_step(task_id, 1)
+    assert zombie is not None
+    expire_lease(task_id)
+    with transaction() as session:
+        session.execute(update(Task).where(Task.id == task_id).values(attempt=5))
+    with write_session() as session:
+        refused = task_store.take_lease(
+            session, task_id, owner="next", ttl_ms=30_000, step=1, max_attempts=5
+        )
+    assert isinstance(refused, task_store.LeaseRefused)
+    assert task_row(task_id).status == "failed"
+    [*_, failed] = events(task_id)
+    assert failed == "task.failed"
+    retried = client.post(f"/v1/tasks/{task_id}/retry", headers=tenant.headers)
+    assert retried.status_code == 202, retried.text
+
+    done = task_store.terminal_values("succeeded", result={"output": "stale"}, steps=1)
+    with pytest.raises(LeaseLost), write_session() as session:
+        task_store.write(session, zombie.lease, task=zombie.task, values=done)
+    assert task_row(task_id).status == "queued"
+
+
+def test_a_retried_task_does_not_ask_the_model_again_for_a_committed_step(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    model_calls: Counter[tuple[str, int]],
+) -> None:
+    """Failed right after step 1's answer was checkpointed (over budget), then retried: the
+    retry replays that answer instead of asking again."""
+    body = scripted_task(calculator_script(2), budget={"max_tokens": 1})
+    task_id = submit(client, tenant, body)
+    assert drive(task_id) == "failed"
+    assert client.post(f"/v1/tasks/{task_id}/retry", headers=tenant.headers).status_code == 202
+    drive(task_id)
+    assert model_calls[(task_id, 1)] == 1
