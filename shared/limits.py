@@ -16,13 +16,14 @@ Token costs are estimated before the call (about four characters a token, plus t
 
 from __future__ import annotations
 
+import time
 import tomllib
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.rate_limiter import Bucket, Take
+from shared.rate_limiter import Bucket, LimiterUnavailable, Take, get_limiter
 from shared.settings import get_settings
 
 
@@ -85,18 +86,60 @@ def _buckets(scope: str, spec: LimitSpec | None) -> tuple[Bucket | None, Bucket 
 
 
 def call_takes(model: str, tenant: str, estimated_tokens: int) -> list[Take]:
-    """Every bucket a model call must pass, with what it costs each."""
+    """Every bucket a model call must pass, with what it costs each. With adaptive limits, a
+    model's buckets run at the share of their configured rate its 429s have left it."""
     takes = []
     for scope, spec in (
         (f"model:{model}", _model_spec(model)),
         (f"tenant:{tenant}", _tenant_spec(tenant)),
     ):
-        requests, tokens = _buckets(scope, spec)
+        share = adaptive_share(scope) if spec is not None and scope.startswith("model:") else 1.0
+        requests, tokens = (_scaled(b, share) for b in _buckets(scope, spec))
         if requests:
             takes.append(Take(requests, 1))
         if tokens:
             takes.append(Take(tokens, estimated_tokens))
     return takes
+
+
+def _scaled(bucket: Bucket | None, share: float) -> Bucket | None:
+    if bucket is None or share >= 1.0:
+        return bucket
+    burst = bucket.burst * share
+    return Bucket(bucket.scope, bucket.rate * share, bucket.period_s, burst)
+
+
+# --- adaptive limits (AIMD, RATCHET_RATE_LIMIT_ADAPTIVE) --------------------------------------
+
+SHARE_CACHE_SECONDS = 1.0  # each process asks Redis for a model's share at most once a second
+_shares: dict[str, tuple[float, float]] = {}
+
+
+def adaptive_share(scope: str) -> float:
+    """The share of its configured rates ``scope`` (``model:<provider:model>``) may use: 1
+    unless adaptive limits are on and its provider answered 429 lately."""
+    if not get_settings().rate_limit_adaptive:
+        return 1.0
+    cached = _shares.get(scope)
+    if cached is not None and time.monotonic() - cached[0] < SHARE_CACHE_SECONDS:
+        return cached[1]
+    try:
+        share = get_limiter().factor(scope)
+    except LimiterUnavailable:
+        return cached[1] if cached else 1.0  # the decision itself will wait for Redis
+    _shares[scope] = (time.monotonic(), share)
+    return share
+
+
+def after_429(model: str) -> float | None:
+    """A provider answered 429: with adaptive limits on, cut the model's share (for the
+    whole fleet) and return it; None when they are off."""
+    if not get_settings().rate_limit_adaptive:
+        return None
+    scope = f"model:{model}"
+    share = get_limiter().cut(scope)
+    _shares[scope] = (time.monotonic(), share)
+    return share
 
 
 def submission_take(tenant: str) -> Take | None:

@@ -82,6 +82,8 @@ class Limiter(Protocol):
     def acquire(self, takes: Sequence[Take], *, blocks: Sequence[str] = ()) -> Decision: ...
     def adjust(self, take: Take, delta: float) -> None: ...
     def block(self, scope: str, seconds: float) -> None: ...
+    def factor(self, scope: str) -> float: ...
+    def cut(self, scope: str) -> float: ...
     def snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]: ...
     def blocked(self) -> dict[str, int]: ...
 
@@ -178,6 +180,34 @@ return 1
 """
 
 
+# Adaptive limits (AIMD): a scope's factor, the share of its configured rate it may use, is
+# "<factor>:<ms>" with additive recovery since then; a provider's 429 multiplies it down.
+DECREASE = 0.5
+FLOOR = 0.1
+RECOVERY_PER_MS = 0.1 / 60_000  # a tenth of the configured rate per minute
+
+_READ_FACTOR = f"""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local factor = 1
+local value = redis.call('GET', KEYS[1])
+if value then
+  local f, s = string.match(value, '^([^:]+):(.+)$')
+  factor = math.min(1, tonumber(f) + (now - tonumber(s)) * {RECOVERY_PER_MS!r})
+end
+"""
+FACTOR = _READ_FACTOR + "return tostring(factor)\n"
+CUT = (
+    _READ_FACTOR
+    + f"""
+factor = math.max({FLOOR!r}, factor * {DECREASE!r})
+local back_ms = math.ceil((1 - factor) / {RECOVERY_PER_MS!r})
+redis.call('SET', KEYS[1], factor .. ':' .. now, 'PX', back_ms + 60000)
+return tostring(factor)
+"""
+)
+
+
 def _minute() -> int:
     return int(time.time()) // 60
 
@@ -197,6 +227,7 @@ os.register_at_fork(after_in_child=_forked)
 # half upgraded never reads a key of the other form. The old keys expire or are ignored.
 BUCKET_PREFIX = f"{RATE_LIMIT_PREFIX}level:"
 BLOCK_PREFIX = f"{RATE_LIMIT_PREFIX}until:"
+FACTOR_PREFIX = f"{RATE_LIMIT_PREFIX}factor:"
 ACQUIRE = _ACQUIRE.replace("BLOCK_PREFIX_LEN", str(len(BLOCK_PREFIX))).replace(
     "BUCKET_PREFIX_LEN", str(len(BUCKET_PREFIX))
 )
@@ -219,6 +250,8 @@ class RedisLimiter:
         self._adjust = client.register_script(ADJUST)
         self._level = client.register_script(LEVEL)
         self._block = client.register_script(BLOCK)
+        self._factor = client.register_script(FACTOR)
+        self._cut = client.register_script(CUT)
 
     @staticmethod
     def bucket_key(scope: str) -> str:
@@ -317,6 +350,20 @@ class RedisLimiter:
         keys = [self.block_key(scope), self.stats_key(_minute())]
         self._block(keys=keys, args=[ms, f"provider_429:{scope}"])
 
+    def factor(self, scope: str) -> float:
+        """The share of its configured rate ``scope`` may use now (1 unless cut by 429s)."""
+        try:
+            return float(self._factor(keys=[FACTOR_PREFIX + scope]))
+        except redis.RedisError as exc:
+            raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
+
+    def cut(self, scope: str) -> float:
+        """A provider's 429: multiply ``scope``'s share down; returns the new one."""
+        try:
+            return float(self._cut(keys=[FACTOR_PREFIX + scope]))
+        except redis.RedisError as exc:
+            raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
+
     def snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]:
         try:
             return self._snapshot(buckets)
@@ -386,6 +433,7 @@ class LocalLimiter:
         self._levels: dict[str, tuple[float, float]] = {}
         self._blocked: dict[str, float] = {}
         self._stats: dict[str, int] = {}
+        self._factors: dict[str, tuple[float, float]] = {}
 
     def _level(self, bucket: Bucket, now: float) -> float:
         level, ts = self._levels.get(bucket.scope, (bucket.burst, now))
@@ -429,6 +477,22 @@ class LocalLimiter:
         with self._lock:
             self._blocked[scope] = time.monotonic() * 1000 + seconds * 1000
             self._count("provider_429", scope)
+
+    def factor(self, scope: str) -> float:
+        now = time.monotonic() * 1000
+        with self._lock:
+            return self._factor_at(scope, now)
+
+    def _factor_at(self, scope: str, now: float) -> float:
+        factor, since = self._factors.get(scope, (1.0, now))
+        return min(1.0, factor + (now - since) * RECOVERY_PER_MS)
+
+    def cut(self, scope: str) -> float:
+        now = time.monotonic() * 1000
+        with self._lock:
+            factor = max(FLOOR, self._factor_at(scope, now) * DECREASE)
+            self._factors[scope] = (factor, now)
+            return factor
 
     def snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]:
         now = time.monotonic() * 1000

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     rate_limits: str = ""
     rate_limits_file: Path | None = None
     rate_limit_inline_wait_ms: int = Field(250, ge=0)
+    # AIMD: each provider 429 halves the model's configured rates (not below a tenth), and
+    # they creep back by a tenth of the configured rate per minute without one.
+    rate_limit_adaptive: bool = False
     provider_block_default_seconds: float = Field(1.0, ge=0)
 
     http_allowed_hosts: CommaList = []

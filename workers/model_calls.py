@@ -118,6 +118,7 @@ def limited_call(
         _safely(lambda: get_limiter().block(model, pause))
         _refund(takes)
         log.warning("%s answered 429: pausing it fleet-wide for %.1f s", model, pause)
+        _safely(lambda: _adapt(model))
         raise
     except ModelError as exc:
         metrics.model_calls.labels(model=model, outcome=exc.error_type).inc()
@@ -132,6 +133,14 @@ def limited_call(
         if take.bucket.scope.endswith(":tokens"):
             _safely(lambda take=take: get_limiter().adjust(take, used - take.cost))
     return response
+
+
+def _adapt(model: str) -> None:
+    share = limits.after_429(model)
+    if share is not None:
+        log.warning(
+            "%s: adaptive limits now allow %.0f%% of its configured rates", model, 100 * share
+        )
 
 
 def wait_for_capacity(takes: list[Take], model: str) -> None:

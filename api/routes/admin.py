@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException
 from api.deps import Admin
 from shared.limits import configured_buckets
 from shared.rate_limiter import LimiterUnavailable, get_limiter
+from shared.settings import get_settings
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -21,6 +22,9 @@ def rate_limits(_: Admin) -> dict[str, Any]:
     try:
         buckets = limiter.snapshot(configured_buckets())
         blocked = limiter.blocked()
+        for bucket in buckets:  # with adaptive limits on: the share its 429s have left it
+            if get_settings().rate_limit_adaptive and bucket["scope"].startswith("model:"):
+                bucket["adaptive_share"] = limiter.factor(bucket["scope"].rsplit(":", 1)[0])
     except LimiterUnavailable as exc:
         raise HTTPException(503, str(exc)) from exc
     return {

@@ -193,6 +193,7 @@ def test_a_provider_429_pauses_the_model_for_the_whole_fleet(
         "RATCHET_OPENAI_API_KEY": "test",
         # A bucket far too large to refuse anything: it only gives the admin view a row.
         **limits_env({"models": {model: {"requests": 10_000}}}),
+        "RATCHET_RATE_LIMIT_ADAPTIVE": "true",  # the 429 also halves the model's rates
     }
     fleet = stack(workers=2, concurrency=1, env=env)
     tenant, admin_tenant = make_tenant(), make_tenant(("admin",))
@@ -243,6 +244,8 @@ def test_a_provider_429_pauses_the_model_for_the_whole_fleet(
     counts = bucket_view(admin, scope)["last_5_minutes"]
     assert counts["provider_429s"] == 1, counts
     assert counts["allowed"] == OPENAI_TASKS + 1, counts
+    # Halved by the one 429, and creeping back by a tenth a minute since.
+    assert 0.5 <= bucket_view(admin, scope)["adaptive_share"] < 0.6
 
 
 def test_a_tenant_over_its_submission_limit_gets_429_and_others_do_not(

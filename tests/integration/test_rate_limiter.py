@@ -235,3 +235,49 @@ def test_admin_view_of_the_buckets(
         "wait_ms",
         "provider_429s",
     }
+
+
+# --- adaptive limits (AIMD) ---------------------------------------------------------------------
+
+
+def test_429s_halve_a_models_share_down_to_a_floor_and_it_creeps_back() -> None:
+    from shared.rate_limiter import FACTOR_PREFIX, FLOOR
+
+    client = redis.Redis.from_url(REDIS_URL)
+    limiter = RedisLimiter(client)
+    scope = f"model:test:{uuid.uuid4().hex}"
+    assert limiter.factor(scope) == 1.0
+    assert limiter.cut(scope) == pytest.approx(0.5, abs=0.001)
+    assert limiter.cut(scope) == pytest.approx(0.25, abs=0.001)
+    # five minutes without a 429: half the configured rate back (a tenth a minute)
+    client.set(FACTOR_PREFIX + scope, f"0.25:{redis_time_ms(client) - 300_000}")
+    assert limiter.factor(scope) == pytest.approx(0.75, abs=0.01)
+    for _ in range(10):
+        limiter.cut(scope)
+    assert limiter.factor(scope) == pytest.approx(FLOOR, abs=0.001)
+    local = LocalLimiter()
+    assert local.cut("m") == pytest.approx(0.5, abs=0.001)
+    assert local.cut("m") == pytest.approx(0.25, abs=0.001)
+
+
+def test_adaptive_limits_scale_the_models_buckets_only_when_on(
+    rate_limits: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared import limits
+    from shared.settings import get_settings
+
+    model = f"test:{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("RATCHET_REDIS_URL", REDIS_URL)
+    monkeypatch.setenv("RATCHET_BROKER_URL", REDIS_URL)
+    rate_limits(f'{{"models": {{"{model}": {{"requests": 100, "tokens": 1000}}}}}}')
+    assert limits.after_429(model) is None  # off by default: a 429 only pauses the model
+    assert [t.bucket.rate for t in limits.call_takes(model, "t", 10)] == [100, 1000]
+
+    monkeypatch.setenv("RATCHET_RATE_LIMIT_ADAPTIVE", "true")
+    get_settings.cache_clear()
+    assert limits.after_429(model) == pytest.approx(0.5, abs=0.001)
+    takes = limits.call_takes(model, "t", 10)
+    halved = [pytest.approx(50, rel=0.01), pytest.approx(500, rel=0.01)]
+    assert [t.bucket.rate for t in takes] == halved
+    assert [t.bucket.burst for t in takes] == halved
+    assert {t.bucket.scope for t in takes} == {f"model:{model}:requests", f"model:{model}:tokens"}
