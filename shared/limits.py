@@ -131,13 +131,14 @@ def adaptive_share(scope: str) -> float:
     return share
 
 
-def after_429(model: str) -> float | None:
+def after_429(model: str, *, pause_s: float = 0.0) -> float | None:
     """A provider answered 429: with adaptive limits on, cut the model's share (for the
-    whole fleet) and return it; None when they are off."""
+    whole fleet) and return it; None when they are off. The 429s of one overload (those
+    within its pause, or a second) cut it once."""
     if not get_settings().rate_limit_adaptive:
         return None
     scope = f"model:{model}"
-    share = get_limiter().cut(scope)
+    share = get_limiter().cut(scope, window_ms=int(max(pause_s, 1.0) * 1000))
     _shares[scope] = (time.monotonic(), share)
     return share
 

@@ -83,7 +83,7 @@ class Limiter(Protocol):
     def adjust(self, take: Take, delta: float) -> None: ...
     def block(self, scope: str, seconds: float) -> None: ...
     def factor(self, scope: str) -> float: ...
-    def cut(self, scope: str) -> float: ...
+    def cut(self, scope: str, *, window_ms: int = 0) -> float: ...
     def snapshot(self, buckets: Sequence[Bucket]) -> list[dict[str, Any]]: ...
     def blocked(self) -> dict[str, int]: ...
 
@@ -197,9 +197,15 @@ if value then
 end
 """
 FACTOR = _READ_FACTOR + "return tostring(factor)\n"
+# ARGV[1]: a window in ms. A provider rejects every call in flight when its quota trips:
+# the 429s that arrive within the window of the last cut are the same overload, cut once.
 CUT = (
     _READ_FACTOR
     + f"""
+if value then
+  local since = now - tonumber(string.match(value, ':(.+)$'))
+  if since < tonumber(ARGV[1]) then return tostring(factor) end
+end
 factor = math.max({FLOOR!r}, factor * {DECREASE!r})
 local back_ms = math.ceil((1 - factor) / {RECOVERY_PER_MS!r})
 redis.call('SET', KEYS[1], factor .. ':' .. now, 'PX', back_ms + 60000)
@@ -357,10 +363,11 @@ class RedisLimiter:
         except redis.RedisError as exc:
             raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
 
-    def cut(self, scope: str) -> float:
-        """A provider's 429: multiply ``scope``'s share down; returns the new one."""
+    def cut(self, scope: str, *, window_ms: int = 0) -> float:
+        """A provider's 429: multiply ``scope``'s share down, unless it was cut less than
+        ``window_ms`` ago (the same overload); returns the share."""
         try:
-            return float(self._cut(keys=[FACTOR_PREFIX + scope]))
+            return float(self._cut(keys=[FACTOR_PREFIX + scope], args=[window_ms]))
         except redis.RedisError as exc:
             raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
 
@@ -487,9 +494,12 @@ class LocalLimiter:
         factor, since = self._factors.get(scope, (1.0, now))
         return min(1.0, factor + (now - since) * RECOVERY_PER_MS)
 
-    def cut(self, scope: str) -> float:
+    def cut(self, scope: str, *, window_ms: int = 0) -> float:
         now = time.monotonic() * 1000
         with self._lock:
+            last = self._factors.get(scope)
+            if last is not None and now - last[1] < window_ms:
+                return self._factor_at(scope, now)
             factor = max(FLOOR, self._factor_at(scope, now) * DECREASE)
             self._factors[scope] = (factor, now)
             return factor

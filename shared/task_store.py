@@ -50,9 +50,9 @@ def _lease_statement(*, queued: bool) -> Update:
     """The lease UPDATE, built once per case: it runs before every step.
 
     It is a compare-and-set on the row as read just before (epoch, event seq, status, step,
-    and ``updated_at``, which every write of the row's other columns sets), so what the lease
-    predicts of the row (the ``task.started`` event carries it) is what the row became; a row
-    changed in between refuses the lease, and the slow path says why.
+    and ``updated_at``, which every write of the columns a Task document shows sets), so
+    what the lease predicts of the row (the ``task.started`` event carries it) is what the
+    row became; a row changed in between refuses the lease, and the slow path says why.
     """
     c = _TASKS.c
     free = c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms())

@@ -118,7 +118,7 @@ def limited_call(
         _safely(lambda: get_limiter().block(model, pause))
         _refund(takes)
         log.warning("%s answered 429: pausing it fleet-wide for %.1f s", model, pause)
-        _safely(lambda: _adapt(model))
+        _safely(lambda: _adapt(model, pause))
         raise
     except ModelError as exc:
         metrics.model_calls.labels(model=model, outcome=exc.error_type).inc()
@@ -135,8 +135,8 @@ def limited_call(
     return response
 
 
-def _adapt(model: str) -> None:
-    share = limits.after_429(model)
+def _adapt(model: str, pause_s: float) -> None:
+    share = limits.after_429(model, pause_s=pause_s)
     if share is not None:
         log.warning(
             "%s: adaptive limits now allow %.0f%% of its configured rates", model, 100 * share

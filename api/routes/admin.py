@@ -23,8 +23,13 @@ def rate_limits(_: Admin) -> dict[str, Any]:
         buckets = limiter.snapshot(configured_buckets())
         blocked = limiter.blocked()
         for bucket in buckets:  # with adaptive limits on: the share its 429s have left it
-            if get_settings().rate_limit_adaptive and bucket["scope"].startswith("model:"):
-                bucket["adaptive_share"] = limiter.factor(bucket["scope"].rsplit(":", 1)[0])
+            scope = bucket["scope"]
+            if (
+                get_settings().rate_limit_adaptive
+                and scope.startswith("model:")
+                and "*" not in scope
+            ):
+                bucket["adaptive_share"] = limiter.factor(scope.rsplit(":", 1)[0])
     except LimiterUnavailable as exc:
         raise HTTPException(503, str(exc)) from exc
     return {

@@ -281,3 +281,13 @@ def test_adaptive_limits_scale_the_models_buckets_only_when_on(
     assert [t.bucket.rate for t in takes] == halved
     assert [t.bucket.burst for t in takes] == halved
     assert {t.bucket.scope for t in takes} == {f"model:{model}:requests", f"model:{model}:tokens"}
+
+
+def test_the_429s_of_one_overload_cut_the_share_once() -> None:
+    """A provider rejects every call in flight at once: four 429s within the pause are one."""
+    limiter = RedisLimiter(redis.Redis.from_url(REDIS_URL))
+    scope = f"model:test:{uuid.uuid4().hex}"
+    shares = [limiter.cut(scope, window_ms=2_000) for _ in range(4)]
+    assert shares == [pytest.approx(0.5, abs=0.001)] * 4
+    local = LocalLimiter()
+    assert [local.cut("m", window_ms=2_000) for _ in range(4)] == [pytest.approx(0.5)] * 4
