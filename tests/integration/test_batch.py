@@ -173,3 +173,33 @@ def test_only_the_lease_commits_without_waiting_for_its_wal_flush(
     assert len(starting) == 1
     assert lazy == [w for w in leases if w not in starting]
     assert len(writes) > len(leases)
+
+
+def test_each_delivery_names_the_event_it_carries_whatever_the_event_count(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    """Two writes of the same shape, one event then two: every delivery's event_seq is the
+    seq of an event of its own type (the statement is cached, the count is not)."""
+    webhook = {"url": "http://127.0.0.1:9/", "events": ["step.completed", "step.tool_call"]}
+    task_id = submit(client, tenant, scripted_task(calculator_script(3), webhook=webhook))
+    ctx = step_runner.lease_step(task_id, 1)
+    assert ctx is not None
+    for events in (
+        [("step.completed", {"step": 0})],
+        [("step.tool_call", {"n": 1}), ("step.completed", {"step": 0})],
+    ):
+        with write_session() as session:
+            ctx.task = task_store.write(session, ctx.lease, task=ctx.task, events=events).task
+    by_seq = {e.seq: e.type for e in events_of(task_id)}
+    with transaction() as session:
+        rows = session.scalars(
+            select(WebhookDelivery).where(
+                WebhookDelivery.task_id == task_id, WebhookDelivery.event_type.like("step.%")
+            )
+        ).all()
+    assert sorted(r.event_type for r in rows) == [
+        "step.completed",
+        "step.completed",
+        "step.tool_call",
+    ]
+    assert all(by_seq[r.event_seq] == r.event_type for r in rows)
