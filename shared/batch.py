@@ -43,7 +43,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import bindparam
 
-from shared import db
+from shared import db, outbox
 from shared.db import now_ms
 from shared.models import TaskEvent, WebhookDelivery
 
@@ -275,32 +275,17 @@ def _run_in_turn(session: Session, batch: Batch) -> Row[Any] | None:
         )
     if batch.deliveries:
         session.execute(
-            insert(_DELIVERIES).values(
-                next_attempt_ms=now_ms() + bindparam("b_delay", type_=BigInteger)
-            ),
-            [_delivery_row(row, batch, d, first=first) for d in batch.deliveries],
+            outbox.INSERT_DELIVERY,
+            [
+                outbox.record(
+                    d, tenant_id=batch.tenant_id, task_id=row.id, event_seq=first + d["offset"] - 1
+                )
+                for d in batch.deliveries
+            ],
         )
     for part in batch.parts:
         _run_part(session, row.id, part)
     return row
-
-
-def _delivery_row(row: Any, batch: Batch, d: dict[str, Any], *, first: int) -> dict[str, Any]:
-    return {
-        "id": d["id"],
-        "tenant_id": batch.tenant_id,
-        "task_id": row.id,
-        "endpoint_id": d["endpoint_id"],
-        "event_seq": first + d["offset"] - 1,
-        "event_type": d["event_type"],
-        "url": d["url"],
-        "payload": d["payload"],
-        "status": "pending",
-        "attempts": 0,
-        "attempts_base": 0,
-        "created_at": batch.now,
-        "b_delay": batch.first_delay_ms,
-    }
 
 
 def _run_part(session: Session, task_id: str, part: Part) -> None:

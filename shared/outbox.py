@@ -33,7 +33,7 @@ PENDING, SENDING, DELIVERED, FAILED, DISABLED = (
 )
 SUPERSEDED = "superseded"  # not a row status: a late sender whose claim was taken over
 ENDPOINT_CACHE_SECONDS = 5.0
-_INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__)).values(
+INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__)).values(
     next_attempt_ms=now_ms() + bindparam("b_first_delay_ms", type_=BigInteger)
 )
 
@@ -107,27 +107,33 @@ def add_deliveries(
     events: Sequence[tuple[int, str, dict[str, Any]]],
 ) -> list[str]:
     """Queue one delivery per (event, subscription) that wants it; returns their ids."""
-    rows = [
-        {
-            "id": d["id"],
-            "tenant_id": tenant_id,
-            "task_id": task_id,
-            "endpoint_id": d["endpoint_id"],
-            "event_seq": d["offset"],
-            "event_type": d["event_type"],
-            "url": d["url"],
-            "payload": d["payload"],
-            "status": PENDING,
-            "attempts": 0,
-            "attempts_base": 0,
-            "created_at": utcnow(),
-            "b_first_delay_ms": first_delay_ms(),
-        }
-        for d in delivery_rows(subscriptions, events)
-    ]
+    rows = delivery_rows(subscriptions, events)
     if rows:
-        session.execute(_INSERT_DELIVERY, rows)
-    return [str(row["id"]) for row in rows]
+        session.execute(
+            INSERT_DELIVERY,
+            [record(d, tenant_id=tenant_id, task_id=task_id, event_seq=d["offset"]) for d in rows],
+        )
+    return [str(d["id"]) for d in rows]
+
+
+def record(d: dict[str, Any], *, tenant_id: str, task_id: str, event_seq: int) -> dict[str, Any]:
+    """The outbox row of a ``delivery_rows`` item whose event has ``event_seq``, pending, for
+    ``INSERT_DELIVERY`` (whose ``b_first_delay_ms`` sets the first attempt's time)."""
+    return {
+        "id": d["id"],
+        "tenant_id": tenant_id,
+        "task_id": task_id,
+        "endpoint_id": d["endpoint_id"],
+        "event_seq": event_seq,
+        "event_type": d["event_type"],
+        "url": d["url"],
+        "payload": d["payload"],
+        "status": PENDING,
+        "attempts": 0,
+        "attempts_base": 0,
+        "created_at": utcnow(),
+        "b_first_delay_ms": first_delay_ms(),
+    }
 
 
 def claim(session: Session, delivery_id: str, *, claim_ms: int) -> WebhookDelivery | None:

@@ -269,30 +269,8 @@ def take_lease(
     assert read is not None
     if read.attempt >= max_attempts:  # perhaps poisoned: the careful path decides
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
-    queued, now = read.status == TaskStatus.QUEUED, utcnow()
-    changes: dict[str, Any] = {
-        "lease_epoch": read.lease_epoch + 1,
-        "lease_owner": owner,
-        "lease_expires_ms": FromNow(ttl_ms),
-        "attempt": read.attempt + 1,
-        "status": TaskStatus.RUNNING,
-        "updated_at": now,
-    }
-    if queued:
-        changes |= {"started_at": now, "last_event_seq": read.last_event_seq + 1}
-    leased = predict(read, changes)
-    params = {"b_task_id": task_id, "b_owner": owner, "b_ttl": ttl_ms, "b_now": now}
-    params |= {"b_epoch": read.lease_epoch, "b_seq": read.last_event_seq, "b_status": read.status}
-    params |= {"b_steps": read.steps, "b_max_attempts": max_attempts}
-    params |= {"b_updated_at": read.updated_at}
-    # A lease that logs nothing commits without waiting for its WAL flush: lost in a database
-    # crash, it is as if never taken, and whatever the worker then writes durably flushes it
-    # first. One that starts the task waits: readers are woken to its task.started at once.
-    lease_batch = Batch(
-        fence=_LEASE[queued], key=("lease", queued), params=params, now=now, durable=queued
-    )
-    if queued:
-        _log_in_batch(session, lease_batch, [("task.started", task_document)], task=leased)
+    lease_batch, leased = _lease_batch(session, read, owner=owner, ttl_ms=ttl_ms)
+    lease_batch.params["b_max_attempts"] = max_attempts
     row = batch.run(session, lease_batch)
     if row is None:
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
@@ -306,11 +284,42 @@ def take_lease(
         ttl_ms=ttl_ms,
         tenant_id=leased.tenant_id,
         clock_ms=int(row.clock_ms),
-        started=queued,
+        started=bool(lease_batch.events),
         fresh=read.started_at is None,
         deliveries=tuple(d["id"] for d in lease_batch.deliveries),
         task=leased,
     )
+
+
+def _lease_batch(
+    session: Session, read: Any, *, owner: str, ttl_ms: int
+) -> tuple[Batch, TaskState]:
+    """The lease's compare-and-set on the row as ``read``, and the row it will leave; a lease
+    that starts a queued task logs ``task.started`` with it."""
+    queued, now = read.status == TaskStatus.QUEUED, utcnow()
+    changes: dict[str, Any] = {
+        "lease_epoch": read.lease_epoch + 1,
+        "lease_owner": owner,
+        "lease_expires_ms": FromNow(ttl_ms),
+        "attempt": read.attempt + 1,
+        "status": TaskStatus.RUNNING,
+        "updated_at": now,
+    }
+    if queued:
+        changes |= {"started_at": now, "last_event_seq": read.last_event_seq + 1}
+    leased = predict(read, changes)
+    params = {"b_task_id": read.id, "b_owner": owner, "b_ttl": ttl_ms, "b_now": now}
+    params |= {"b_epoch": read.lease_epoch, "b_seq": read.last_event_seq, "b_status": read.status}
+    params |= {"b_steps": read.steps, "b_updated_at": read.updated_at}
+    # A lease that logs nothing commits without waiting for its WAL flush: lost in a database
+    # crash, it is as if never taken, and whatever the worker then writes durably flushes it
+    # first. One that starts the task waits: readers are woken to its task.started at once.
+    lease_batch = Batch(
+        fence=_LEASE[queued], key=("lease", queued), params=params, now=now, durable=queued
+    )
+    if queued:
+        _log_in_batch(session, lease_batch, [("task.started", task_document)], task=leased)
+    return lease_batch, leased
 
 
 def _refused_at_sight(read: Any, *, step: int | None) -> LeaseRefused | None:

@@ -13,6 +13,7 @@ agents' tools.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import itertools
 import json
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import psycopg
@@ -909,27 +910,52 @@ def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-class ConnectionCutter:
+class Saboteur(abc.ABC):
+    """A thread that does harm while its ``with`` block runs; what it raised, the block's end
+    raises."""
+
+    name = "saboteur"
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+
+    @abc.abstractmethod
+    def _run(self) -> None:
+        """The harm, until ``_stop`` is set; it keeps what it raises in ``error``."""
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.error is not None:
+            raise self.error
+
+
+class ConnectionCutter(Saboteur):
     """Cuts connections to the test database until the given tasks are all terminal: every
     ``every`` seconds all of them, and in between, every ``sniping`` seconds, those caught
     mid-query or mid-transaction. It watches the tasks on a connection of its own, which it
     spares."""
 
+    name = "connection-cutter"
     ALL = "TRUE"
     BUSY = "state <> 'idle'"
 
     def __init__(
         self, database_url: str, task_ids: Iterable[str], *, every: float, sniping: float
     ) -> None:
+        super().__init__()
         self.url = _libpq(database_url)
         self.task_ids = list(task_ids)
         self.every = every
         self.sniping = sniping
         self.rounds = 0
         self.terminated = Counter[str]()
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="connection-cutter", daemon=True)
 
     def _run(self) -> None:
         try:
@@ -958,16 +984,6 @@ class ConnectionCutter:
             f"WHERE datname = current_database() AND pid <> pg_backend_pid() AND {which}"
         ).fetchall()
         self.terminated.update(state or "none" for done, state in rows if done)
-
-    def __enter__(self) -> ConnectionCutter:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        if self.error is not None:
-            raise self.error
 
     def wait(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -1004,16 +1020,16 @@ def test_postgres_connections_cut_mid_run_every_task_completes(
 # -- 7. a poison task ---------------------------------------------------------------------------
 
 
-class LeaseKiller:
+class LeaseKiller(Saboteur):
     """SIGKILLs whichever of the fleet's processes holds the task's lease, once per epoch."""
 
+    name = "lease-killer"
+
     def __init__(self, fleet: Stack, task_id: str) -> None:
+        super().__init__()
         self.fleet = fleet
         self.task_id = task_id
         self.killed: list[int] = []  # the pids
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lease-killer", daemon=True)
 
     def _run(self) -> None:
         seen_epoch = 0
@@ -1028,16 +1044,6 @@ class LeaseKiller:
                 self.killed.append(pid)
         except BaseException as exc:
             self.error = exc
-
-    def __enter__(self) -> LeaseKiller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        if self.error is not None:
-            raise self.error
 
 
 def test_a_task_that_kills_every_worker_fails_with_worker_lost(
