@@ -94,6 +94,21 @@ def test_a_refusing_bucket_leaves_the_others_untouched(limiter: RedisLimiter, em
     assert level(limiter, other) == pytest.approx(before, abs=0.01)
 
 
+def test_decisions_are_counted_and_a_flushed_script_is_loaded_again(
+    limiter: RedisLimiter,
+) -> None:
+    bucket = Bucket(f"test:{uuid.uuid4().hex}", rate=1, period_s=3600)
+    assert limiter.acquire([Take(bucket)]).allowed
+    first = limiter.acquire([Take(bucket)])
+    assert not first.allowed
+    assert first.retry_after_ms > 3_500_000  # nearly an hour for the next token
+    limiter.client.script_flush()  # as after a Redis restart: the decision loads it again
+    assert not limiter.acquire([Take(bucket)]).allowed
+    counts = limiter.snapshot([bucket])[0]["last_5_minutes"]
+    assert (counts["allowed"], counts["denied"]) == (1, 2)
+    assert counts["wait_ms"] >= 2 * 3_500_000
+
+
 def test_redis_outage_denies_with_a_clear_error() -> None:
     dead = RedisLimiter(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5))
     with pytest.raises(LimiterUnavailable, match="rate limiter unavailable"):
