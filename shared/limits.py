@@ -10,8 +10,9 @@
     tokens = 100000
     submissions = 120                 # POST /v1/tasks per `per_seconds`
 
-Token costs are estimated before the call (about four characters a token, plus the call's
-``max_tokens`` if set) and corrected with the provider's reported usage afterwards.
+Token costs are counted before the call (``workers.tokens``: tiktoken for OpenAI models, about
+four characters a token for others, plus the call's ``max_tokens``) and corrected with the
+provider's reported usage afterwards.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ no worker.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -22,8 +21,8 @@ from shared import limits, metrics
 from shared.errors import ModelError, ModelRateLimited, ModelTransientError
 from shared.rate_limiter import LimiterUnavailable, Take, get_limiter
 from shared.settings import get_settings
+from workers import tokens
 from workers.models import ModelRequest, ModelResponse, Provider
-from workers.models.base import estimate_tokens
 
 log = logging.getLogger("ratchet.model")
 MAX_BACKOFF_SECONDS = 600.0
@@ -73,14 +72,6 @@ class RetryPolicy:
         time.sleep(seconds)
 
 
-def estimate_request_tokens(request: ModelRequest) -> int:
-    """Prompt tokens (about four characters each) plus the most the answer may use."""
-    prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in request.messages)
-    prompt += sum(estimate_tokens(json.dumps(t.parameters)) for t in request.tools)
-    output = request.options.get("max_tokens") or request.options.get("max_completion_tokens")
-    return prompt + int(output or DEFAULT_OUTPUT_ESTIMATE)
-
-
 def complete(
     provider: Provider, request: ModelRequest, *, model: str, tenant: str, prior_failures: int
 ) -> ModelResponse:
@@ -107,7 +98,9 @@ def limited_call(
     provider: Provider, request: ModelRequest, *, model: str, tenant: str
 ) -> ModelResponse:
     """One provider call inside every bucket that applies; the buckets see the real usage."""
-    takes = limits.call_takes(model, tenant, estimate_request_tokens(request))
+    takes = limits.call_takes(
+        model, tenant, tokens.request_tokens(request, model, DEFAULT_OUTPUT_ESTIMATE)
+    )
     wait_for_capacity(takes, model)
     started = time.perf_counter()
     try:

