@@ -144,8 +144,9 @@ def acquire_script(n: int, m: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Buckets carry no expiry: there is one per configured scope, and a stale level is harmless
-# (it is capped at the bucket's capacity when read).
+# Buckets carry no expiry (MSET sets none, and one more call per bucket would cost more than
+# the keys): there is one per configured model scope and per tenant, about 120 bytes each, and
+# a stale level is harmless (it is capped at the bucket's capacity when read).
 
 _READ_LEVEL = """
 local t = redis.call('TIME')
@@ -288,7 +289,7 @@ class RedisLimiter:
             burst = bucket.burst
             spec += (bucket.per_ms, burst, take.cost if take.cost < burst else burst)
         try:
-            answer = self._decide((len(takes), len(blocks)), keys, _packer(len(spec))(*spec))
+            answer = self._decide((len(takes), len(blocks)), keys, spec=_packer(len(spec))(*spec))
         except redis.RedisError as exc:
             raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
         if self._flusher_pid != _pid:
@@ -305,7 +306,7 @@ class RedisLimiter:
         self._denied.append((scope, wait))
         return Decision(False, retry_after_ms=wait, scope=scope)
 
-    def _decide(self, shape: tuple[int, int], keys: list[str], spec: bytes) -> Any:
+    def _decide(self, shape: tuple[int, int], keys: list[str], *, spec: bytes) -> Any:
         """The shape's script by its hash (loading it first if Redis does not know it)."""
         sha = self._shapes.get(shape)
         if sha is not None:

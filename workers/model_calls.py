@@ -99,7 +99,7 @@ def limited_call(
 ) -> ModelResponse:
     """One provider call inside every bucket that applies; the buckets see the real usage."""
     takes = limits.call_takes(
-        model, tenant, tokens.request_tokens(request, model, DEFAULT_OUTPUT_ESTIMATE)
+        model, tenant, tokens.request_tokens(request, model, default_output=DEFAULT_OUTPUT_ESTIMATE)
     )
     wait_for_capacity(takes, model)
     started = time.perf_counter()

@@ -46,7 +46,7 @@ _fetching: dict[str, float] = {}  # encoding name -> when its last fetch started
 _lock = threading.Lock()
 
 
-def request_tokens(request: ModelRequest, model: str, default_output: int) -> int:
+def request_tokens(request: ModelRequest, model: str, *, default_output: int) -> int:
     """The prompt's tokens plus the most the answer may use; ``model`` is ``provider:name``."""
     count = _counter(model)
     prompt = sum(count(str(m.get("content") or "")) for m in request.messages)

@@ -22,7 +22,9 @@ def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     get_settings.cache_clear()
 
 
-def request(*contents: str, tools: list[ToolSchema] | None = None, **options: object) -> ModelRequest:
+def request(
+    *contents: str, tools: list[ToolSchema] | None = None, **options: object
+) -> ModelRequest:
     return ModelRequest(
         task_id="t",
         step=1,
@@ -42,26 +44,41 @@ def test_openai_models_are_counted_with_tiktoken() -> None:
     text = "The quick brown fox jumps over the lazy dog. " * 20
     exact = len(tokens.bundled().encode_ordinary(text))
     assert exact != (len(text) + 3) // 4  # the two ways of counting differ here
-    counted = tokens.request_tokens(request(text, "hi", max_tokens=100), "openai:gpt-4", 512)
+    counted = tokens.request_tokens(
+        request(text, "hi", max_tokens=100), "openai:gpt-4", default_output=512
+    )
     chat_format = 2 * tokens.PER_MESSAGE + tokens.REPLY_PRIMING
     assert counted == exact + 1 + chat_format + 100
     # special-token text in a user's message is only text
-    assert tokens.request_tokens(request("<|endoftext|>"), "openai:gpt-4", 0) > 1 + chat_format
+    assert (
+        tokens.request_tokens(request("<|endoftext|>"), "openai:gpt-4", default_output=0)
+        > 1 + chat_format
+    )
 
 
 def test_tools_and_the_default_answer_size_are_counted() -> None:
     tool = ToolSchema("lookup", "find a thing", {"type": "object", "properties": {}})
-    without = tokens.request_tokens(request("hi"), "openai:gpt-4", 512)
-    with_tool = tokens.request_tokens(request("hi", tools=[tool]), "openai:gpt-4", 512)
+    without = tokens.request_tokens(request("hi"), "openai:gpt-4", default_output=512)
+    with_tool = tokens.request_tokens(
+        request("hi", tools=[tool]), "openai:gpt-4", default_output=512
+    )
     assert with_tool > without > 512
-    assert tokens.request_tokens(request("hi", max_completion_tokens=7), "openai:gpt-4", 512) < 20
+    assert (
+        tokens.request_tokens(
+            request("hi", max_completion_tokens=7), "openai:gpt-4", default_output=512
+        )
+        < 20
+    )
 
 
 def test_other_providers_are_counted_at_four_characters_a_token() -> None:
     text = "x" * 400
     assert tokens.encoding_for("anthropic:claude-sonnet-4-5") is None
-    assert tokens.request_tokens(request(text), "anthropic:claude-sonnet-4-5", 50) == 100 + 50
-    assert tokens.request_tokens(request(text), "scripted:default", 50) == 100 + 50
+    assert (
+        tokens.request_tokens(request(text), "anthropic:claude-sonnet-4-5", default_output=50)
+        == 100 + 50
+    )
+    assert tokens.request_tokens(request(text), "scripted:default", default_output=50) == 100 + 50
 
 
 def test_an_unknown_model_behind_an_openai_server_is_counted_with_cl100k_base() -> None:
