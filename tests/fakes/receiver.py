@@ -11,6 +11,8 @@ and what it says after them::
 
 ``WebhookReceiver(down=True)`` holds its port without listening, so a sender's connection is
 refused (not timed out) until :meth:`up` starts it on that same port.
+``WebhookReceiver(delay=s)`` records each request at once and answers it ``s`` seconds later:
+a sender killed in between has sent a request and never read its answer.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class Received:
         return self.headers["webhook-id"]
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        """The body as JSON (None when it is empty)."""
+        return json.loads(self.body or b"null")
 
 
 class _Server(ThreadingHTTPServer):
@@ -57,13 +60,18 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
-        status = self.server.receiver.record(self.path, headers, body)
+        receiver = self.server.receiver
+        status = receiver.record(self.path, headers, body)
+        time.sleep(receiver.delay)
         answer = b"ok" if 200 <= status < 300 else f"answered {status}".encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the sender died while the answer was held back
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -72,7 +80,8 @@ class _Handler(BaseHTTPRequestHandler):
 class WebhookReceiver:
     """Webhook endpoints on one port: ``url(path)`` for each, answers scripted per path."""
 
-    def __init__(self, *, down: bool = False) -> None:
+    def __init__(self, *, down: bool = False, delay: float = 0.0) -> None:
+        self.delay = delay
         self._lock = threading.Condition()
         self._received: list[Received] = []
         self._scripted: dict[str, deque[int]] = defaultdict(deque)
@@ -120,6 +129,13 @@ class WebhookReceiver:
     def received(self, path: str | None = None) -> list[Received]:
         with self._lock:
             return [r for r in self._received if path is None or r.path == path]
+
+    def by_header(self, name: str) -> dict[str, list[Received]]:
+        """Every request so far, grouped by the value of its header ``name`` (lower case)."""
+        grouped: dict[str, list[Received]] = defaultdict(list)
+        for request in self.received():
+            grouped[request.headers.get(name, "")].append(request)
+        return grouped
 
     def wait_for(
         self, count: int, *, path: str | None = None, timeout: float = 20.0
