@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Table, bindparam, insert, select, update
+from sqlalchemy import BigInteger, ColumnElement, Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from shared.db import now_ms
@@ -287,17 +287,52 @@ def disable_target(session: Session, delivery: WebhookDelivery, *, reason: str) 
     )
 
 
-def due(session: Session, *, limit: int = 500) -> list[str]:
-    """Deliveries whose time has come, and those whose sender's claim ran out."""
-    clock = now_ms()
+def _overdue(
+    clock: ColumnElement[int], *, grace_ms: int, sent_before_ms: int | None
+) -> ColumnElement[bool]:
+    """Due for a send and no message for it in sight: pending and due, or its sender's claim
+    ran out, and no message sent for it within the grace. ``next_attempt_ms`` is when it
+    became due or when the sweeper last sent it a message; one sent after the oldest message
+    still waiting in the queue is only behind a backlog (``queue.oldest_waiting_ms``)."""
+    waiting = (WebhookDelivery.status == PENDING) | (
+        (WebhookDelivery.status == SENDING) & (WebhookDelivery.claim_expires_ms < clock)
+    )
+    overdue = waiting & (WebhookDelivery.next_attempt_ms <= clock - grace_ms)
+    if sent_before_ms is not None:
+        overdue &= WebhookDelivery.next_attempt_ms <= sent_before_ms - grace_ms
+    return overdue
+
+
+def due(
+    session: Session, *, grace_ms: int, sent_before_ms: int | None = None, limit: int = 500
+) -> list[str]:
+    """Deliveries whose message seems lost: see ``_overdue``."""
     rows = session.scalars(
         select(WebhookDelivery.id)
-        .where(
-            ((WebhookDelivery.status == PENDING) & (WebhookDelivery.next_attempt_ms <= clock))
-            | ((WebhookDelivery.status == SENDING) & (WebhookDelivery.claim_expires_ms < clock))
-        )
+        .where(_overdue(now_ms(), grace_ms=grace_ms, sent_before_ms=sent_before_ms))
         .order_by(WebhookDelivery.next_attempt_ms)
         .limit(limit)
+    ).all()
+    return list(rows)
+
+
+def mark_redispatched(
+    session: Session, delivery_ids: Sequence[str], *, grace_ms: int, sent_before_ms: int | None
+) -> list[str]:
+    """Claim the overdue ones among ``delivery_ids`` for a new message, in one statement (their
+    ``next_attempt_ms`` moves to now, so the next sweep leaves them alone for the grace);
+    returns their ids, for the caller to send. A sender's claim is left as it is."""
+    if not delivery_ids:
+        return []
+    rows = session.scalars(
+        update(WebhookDelivery)
+        .where(
+            WebhookDelivery.id.in_(delivery_ids),
+            _overdue(now_ms(), grace_ms=grace_ms, sent_before_ms=sent_before_ms),
+        )
+        .values(next_attempt_ms=now_ms())
+        .returning(WebhookDelivery.id)
+        .execution_options(synchronize_session=False)
     ).all()
     return list(rows)
 

@@ -8,12 +8,22 @@ the broker's visibility timeout so a redelivery never races a still-running step
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from functools import lru_cache
+from typing import Any, cast
 
+import redis
 from celery import Celery
 
 from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
 from shared.settings import Settings, get_settings
+
+log = logging.getLogger("ratchet.queue")
+# Each message carries when it was sent (ms, the sender's clock), so the sweeper can tell a
+# message stuck behind a backlog from a lost one (see oldest_waiting_ms).
+SENT_AT_HEADER = "ratchet_sent_ms"
 
 
 def configure(app: Celery, settings: Settings) -> None:
@@ -68,6 +78,7 @@ def enqueue_deliveries(delivery_ids: list[str], *, delay_s: float = 0) -> None:
             args=[delivery_id],
             queue=webhook_queue(settings),
             countdown=delay_s or None,
+            headers=_sent_now(),
         )
 
 
@@ -79,4 +90,40 @@ def enqueue_step(task_id: str, step: int, *, delay_ms: int = 0) -> None:
         args=[task_id, step],
         queue=get_settings().queue_name,
         countdown=countdown,
+        headers=_sent_now(),
     )
+
+
+def _sent_now() -> dict[str, Any]:
+    return {SENT_AT_HEADER: int(time.time() * 1000)}
+
+
+def oldest_waiting_ms(queue: str) -> int | None:
+    """When the oldest message still waiting in ``queue`` was sent; None when none waits or
+    the broker cannot be looked into (only Redis can; the list's tail is its next message).
+
+    Every message sent before that one has been taken by a worker, and every message sent
+    after it is still coming: a task whose message went out later is behind a backlog, not
+    lost, and the sweeper leaves it alone. Without this, each sweep would send one more
+    message for every task waiting longer than the grace, and a backlog would feed itself.
+    """
+    url = get_settings().effective_broker_url
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    try:
+        raw = cast(bytes | None, _broker(url).lindex(queue, -1))
+    except redis.RedisError as exc:
+        log.warning("could not look into queue %s: %s", queue, exc)
+        return None
+    if raw is None:
+        return None
+    try:
+        sent = json.loads(raw)["headers"][SENT_AT_HEADER]
+    except (ValueError, KeyError, TypeError):
+        return None  # a message from before this header: as if the queue could not be seen
+    return int(sent) if isinstance(sent, int) else None
+
+
+@lru_cache
+def _broker(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)

@@ -754,22 +754,29 @@ def requeue_failed(
     return task
 
 
-def _overdue(clock: ColumnElement[int], grace_ms: int) -> ColumnElement[bool]:
-    """Runnable, no live lease, and its next step overdue: the step's message was lost."""
-    return (
+def _overdue(
+    clock: ColumnElement[int], *, grace_ms: int, sent_before_ms: int | None
+) -> ColumnElement[bool]:
+    """Runnable, no live lease, and its next step overdue: the step's message was lost. A
+    task whose message was sent after the oldest one still waiting in the queue is only
+    behind a backlog (``sent_before_ms``, see ``queue.oldest_waiting_ms``)."""
+    overdue = (
         Task.status.in_(TaskStatus.RUNNABLE)
         & (Task.due_ms < clock - grace_ms)
         & (Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms < clock))
     )
+    if sent_before_ms is not None:
+        overdue &= Task.due_ms < sent_before_ms - grace_ms
+    return overdue
 
 
 def due_for_sweep(
-    session: Session, *, grace_ms: int, limit: int = 500
+    session: Session, *, grace_ms: int, sent_before_ms: int | None = None, limit: int = 500
 ) -> Sequence[tuple[str, int]]:
     """Runnable tasks with no live lease whose next step is overdue: their message was lost."""
     rows = session.execute(
         select(Task.id, Task.steps)
-        .where(_overdue(now_ms(), grace_ms))
+        .where(_overdue(now_ms(), grace_ms=grace_ms, sent_before_ms=sent_before_ms))
         .order_by(Task.due_ms)
         .limit(limit)
     ).all()
@@ -777,7 +784,7 @@ def due_for_sweep(
 
 
 def mark_redispatched(
-    session: Session, task_ids: Sequence[str], *, grace_ms: int
+    session: Session, task_ids: Sequence[str], *, grace_ms: int, sent_before_ms: int | None = None
 ) -> list[tuple[str, int]]:
     """Claim the overdue ones among ``task_ids`` for a new message (their due time moves to
     now), in one statement; returns (task, step) for each, for the caller to send. A task
@@ -786,7 +793,10 @@ def mark_redispatched(
         return []
     rows = session.execute(
         update(Task)
-        .where(Task.id.in_(task_ids), _overdue(now_ms(), grace_ms))
+        .where(
+            Task.id.in_(task_ids),
+            _overdue(now_ms(), grace_ms=grace_ms, sent_before_ms=sent_before_ms),
+        )
         .values(due_ms=now_ms())
         .returning(Task.id, Task.steps)
         .execution_options(synchronize_session=False)
