@@ -186,24 +186,7 @@ def record_attempt(
     Only the holder of the current claim records: a sender whose claim ran out and was taken
     over by another records nothing (status ``superseded``).
     """
-    code = result.status_code
-    delay: float | None = None
-    values: dict[str, Any] = {
-        "last_status_code": code,
-        "last_error": result.error,
-        "claim_expires_ms": None,
-    }
-    if code is not None and 200 <= code < 300:
-        values |= {"status": DELIVERED, "delivered_at": utcnow(), "next_attempt_ms": None}
-    elif code == 410:
-        values |= {"status": DISABLED, "next_attempt_ms": None}
-        disable_target(session, delivery, reason="the receiver answered 410 Gone")
-    else:
-        delay = next_delay_seconds(delivery, schedule)
-        if delay is None:
-            values |= {"status": FAILED, "next_attempt_ms": None}
-        else:
-            values |= {"status": PENDING, "next_attempt_ms": now_ms() + int(delay * 1000)}
+    values, delay = _next_state(session, delivery, result, schedule=schedule)
     done = session.execute(
         update(WebhookDelivery)
         .where(WebhookDelivery.id == delivery.id, WebhookDelivery.status == SENDING)
@@ -224,6 +207,35 @@ def record_attempt(
         )
     )
     return str(values["status"]), delay
+
+
+def _next_state(
+    session: Session,
+    delivery: WebhookDelivery,
+    result: AttemptResult,
+    *,
+    schedule: Sequence[float],
+) -> tuple[dict[str, Any], float | None]:
+    """The row's new values after this attempt, and the seconds to the next one (if any)."""
+    code = result.status_code
+    values: dict[str, Any] = {
+        "last_status_code": code,
+        "last_error": result.error,
+        "claim_expires_ms": None,
+    }
+    if code is not None and 200 <= code < 300:
+        return values | {
+            "status": DELIVERED,
+            "delivered_at": utcnow(),
+            "next_attempt_ms": None,
+        }, None
+    if code == 410:
+        disable_target(session, delivery, reason="the receiver answered 410 Gone")
+        return values | {"status": DISABLED, "next_attempt_ms": None}, None
+    delay = next_delay_seconds(delivery, schedule)
+    if delay is None:
+        return values | {"status": FAILED, "next_attempt_ms": None}, None
+    return values | {"status": PENDING, "next_attempt_ms": now_ms() + int(delay * 1000)}, delay
 
 
 def target_disabled(session: Session, delivery: WebhookDelivery) -> str | None:
