@@ -425,31 +425,18 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     cost = cost_usd(
         task.model, input_tokens=response.input_tokens, output_tokens=response.output_tokens
     )
-    usage = {
-        "input_tokens": response.input_tokens,
-        "output_tokens": response.output_tokens,
-        "cost_usd": cost,
-    }
     values = task_store.usage_values(
         input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost
     )
-    said = response.to_dict()
-    for position, call in enumerate(said["tool_calls"]):
-        call["call_id"] = ledger.call_id(lease.step, position)  # the id the ledger and API use
     events: list[task_store.EventSpec] = [
-        ("step.model_response", {"step": lease.step, **said, "usage": usage})
+        ("step.model_response", _response_event(lease.step, response, cost))
     ]
     over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
     final = not response.tool_calls and not over_budget
-    if over_budget:
-        error = {"type": "budget_exceeded", "message": over_budget}
-        values |= task_store.terminal_values(TaskStatus.FAILED, error=error)
-        events.append(("task.failed", task_document))
-    elif final:
-        values |= task_store.terminal_values(
-            TaskStatus.SUCCEEDED, result={"output": response.content or ""}, steps=lease.step
-        )
-        events += [("step.completed", {"step": lease.step}), ("task.succeeded", task_document)]
+    if over_budget or final:
+        ending, ending_events = _ending(lease.step, response, over_budget=over_budget)
+        values |= ending
+        events += ending_events
     call = checkpoints.ModelCall(
         response=response.to_dict(),
         input_tokens=response.input_tokens,
@@ -462,6 +449,35 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         writes.write(values=values, events=events)
         writes.add(checkpoints.model_response(lease, call, final=final))
     return final or bool(over_budget)
+
+
+def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str, Any]:
+    """The ``step.model_response`` event: the answer, its tool calls' ids and its usage."""
+    said = response.to_dict()
+    for position, call in enumerate(said["tool_calls"]):
+        call["call_id"] = ledger.call_id(step, position)  # the id the ledger and API use
+    usage = {
+        "input_tokens": response.input_tokens,
+        "output_tokens": response.output_tokens,
+        "cost_usd": cost,
+    }
+    return {"step": step, **said, "usage": usage}
+
+
+def _ending(
+    step: int, response: ModelResponse, *, over_budget: str | None
+) -> tuple[dict[str, Any], list[task_store.EventSpec]]:
+    """The values and events that end the task with this answer: failed over its budget,
+    or succeeded with the answer as its output."""
+    if over_budget:
+        error = {"type": "budget_exceeded", "message": over_budget}
+        return task_store.terminal_values(TaskStatus.FAILED, error=error), [
+            ("task.failed", task_document)
+        ]
+    values = task_store.terminal_values(
+        TaskStatus.SUCCEEDED, result={"output": response.content or ""}, steps=step
+    )
+    return values, [("step.completed", {"step": step}), ("task.succeeded", task_document)]
 
 
 def budget_exceeded(task: TaskState, tokens: int, cost: float) -> str | None:
