@@ -304,14 +304,15 @@ def _overdue(
 ) -> ColumnElement[bool]:
     """Due for a send and no message for it in sight: pending and due, or its sender's claim
     ran out, and no message sent for it within the grace. ``next_attempt_ms`` is when it
-    became due or when the sweeper last sent it a message; one sent after the oldest message
-    still waiting in the queue is only behind a backlog (``queue.oldest_waiting_ms``)."""
+    became due or when the sweeper last sent it a message; one due since ``sent_before_ms``
+    (when the oldest message still waiting in the queue was sent, see the sweeper) is only
+    behind a backlog."""
     waiting = (WebhookDelivery.status == PENDING) | (
         (WebhookDelivery.status == SENDING) & (WebhookDelivery.claim_expires_ms < clock)
     )
     overdue = waiting & (WebhookDelivery.next_attempt_ms <= clock - grace_ms)
     if sent_before_ms is not None:
-        overdue &= WebhookDelivery.next_attempt_ms <= sent_before_ms - grace_ms
+        overdue &= WebhookDelivery.next_attempt_ms < sent_before_ms
     return overdue
 
 

@@ -99,20 +99,22 @@ def _sent_now() -> dict[str, Any]:
 
 
 def oldest_waiting_ms(queue: str) -> int | None:
-    """When the oldest message still waiting in ``queue`` was sent; None when none waits or
-    the broker cannot be looked into (only Redis can; the list's tail is its next message).
+    """When the oldest message still waiting in ``queue`` was sent (the sender's clock); None
+    when none waits or the broker cannot be looked into (only Redis can: the list's tail is
+    its next message).
 
-    Every message sent before that one has been taken by a worker, and every message sent
-    after it is still coming: a task whose message went out later is behind a backlog, not
-    lost, and the sweeper leaves it alone. Without this, each sweep would send one more
-    message for every task waiting longer than the grace, and a backlog would feed itself.
+    Messages are taken in the order they were sent, so a task whose message went out after
+    that one is behind a backlog, not lost, and the sweeper leaves it alone. Without this,
+    each sweep would send one more message for every task waiting longer than the grace, and
+    a backlog would feed itself. Anything unexpected turns the check off (None): then the
+    sweeper goes by the clock alone, as it would with another broker.
     """
     url = get_settings().effective_broker_url
     if not url.startswith(("redis://", "rediss://")):
         return None
     try:
         raw = cast(bytes | None, _broker(url).lindex(queue, -1))
-    except redis.RedisError as exc:
+    except Exception as exc:  # never let a look into the queue stop the sweeping
         log.warning("could not look into queue %s: %s", queue, exc)
         return None
     if raw is None:
@@ -120,8 +122,12 @@ def oldest_waiting_ms(queue: str) -> int | None:
     try:
         sent = json.loads(raw)["headers"][SENT_AT_HEADER]
     except (ValueError, KeyError, TypeError):
-        return None  # a message from before this header: as if the queue could not be seen
-    return int(sent) if isinstance(sent, int) else None
+        return None  # a message from before this header, or not one of ours
+    if not isinstance(sent, int):
+        return None
+    if time.time() * 1000 - sent > get_settings().visibility_timeout_seconds * 1000:
+        return None  # waiting longer than any backlog should: a queue nobody takes from
+    return sent
 
 
 @lru_cache

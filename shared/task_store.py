@@ -758,15 +758,15 @@ def _overdue(
     clock: ColumnElement[int], *, grace_ms: int, sent_before_ms: int | None
 ) -> ColumnElement[bool]:
     """Runnable, no live lease, and its next step overdue: the step's message was lost. A
-    task whose message was sent after the oldest one still waiting in the queue is only
-    behind a backlog (``sent_before_ms``, see ``queue.oldest_waiting_ms``)."""
+    task due since ``sent_before_ms`` (when the oldest message still waiting in the queue was
+    sent, see the sweeper) is only behind a backlog: its message is still to come."""
     overdue = (
         Task.status.in_(TaskStatus.RUNNABLE)
         & (Task.due_ms < clock - grace_ms)
         & (Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms < clock))
     )
     if sent_before_ms is not None:
-        overdue &= Task.due_ms < sent_before_ms - grace_ms
+        overdue &= Task.due_ms < sent_before_ms
     return overdue
 
 

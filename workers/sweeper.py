@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
-from sqlalchemy import text
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
 
 from shared import outbox, task_store
-from shared.db import transaction, write_session
+from shared.db import now_ms, transaction, write_session
 from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 
 log = logging.getLogger("ratchet.sweeper")
 SWEEP_LOCK_ID = 0x5241544348  # "RATCH"
+# A row's due time is written just before its message is sent, on another clock: a row due
+# this much before the oldest waiting message may still have its message behind it.
+SEND_ORDER_MARGIN_MS = 2_000
 
 
 def sweep_once() -> int:
@@ -37,21 +42,15 @@ def sweep_once() -> int:
     """
     settings = get_settings()
     grace_ms = int(settings.sweep_grace_seconds * 1000)
-    steps_before = oldest_waiting_ms(settings.queue_name)
-    sends_before = oldest_waiting_ms(webhook_queue(settings))
+    steps_sent = oldest_waiting_ms(settings.queue_name)
+    sends_sent = oldest_waiting_ms(webhook_queue(settings))
     with transaction() as session:
-        if session.get_bind().dialect.name == "postgresql":
-            # One sweeper at a time; and a row locked by a stalled transaction must not stall
-            # the fleet's sweeping, so this transaction waits for locks 5 s at most.
-            got = session.scalar(
-                text(
-                    "SELECT pg_try_advisory_xact_lock(:id)"
-                    " AND set_config('lock_timeout', '5s', true) IS NOT NULL"
-                ),
-                {"id": SWEEP_LOCK_ID},
-            )
-            if not got:
-                return 0
+        if not _sweep_lock(session):
+            return 0
+        # Rows hold the database's clock, messages their sender's: compare on the database's.
+        offset = int(session.scalar(select(now_ms())) or 0) - int(time.time() * 1000)
+        steps_before = _waiting_since(steps_sent, offset)
+        sends_before = _waiting_since(sends_sent, offset)
         candidates = task_store.due_for_sweep(
             session, grace_ms=grace_ms, sent_before_ms=steps_before
         )
@@ -70,6 +69,30 @@ def sweep_once() -> int:
     if overdue:
         log.warning("sweeper re-enqueued %d task(s)", len(overdue))
     return len(overdue) + len(deliveries)
+
+
+def _sweep_lock(session: Session) -> bool:
+    """One sweeper at a time (on PostgreSQL); and a row locked by a stalled transaction must
+    not stall the fleet's sweeping, so this transaction waits for locks 5 s at most."""
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(
+        session.scalar(
+            text(
+                "SELECT pg_try_advisory_xact_lock(:id)"
+                " AND set_config('lock_timeout', '5s', true) IS NOT NULL"
+            ),
+            {"id": SWEEP_LOCK_ID},
+        )
+    )
+
+
+def _waiting_since(sent_ms: int | None, offset_ms: int) -> int | None:
+    """The oldest waiting message's send time on the database's clock, less a margin for a
+    message published just after its commit and for clocks a little apart."""
+    if sent_ms is None:
+        return None
+    return sent_ms + offset_ms - SEND_ORDER_MARGIN_MS
 
 
 def run(stop: threading.Event) -> None:

@@ -86,7 +86,7 @@ def test_a_lone_lost_message_is_sent_again_once_the_queue_has_moved_past_it(
 ) -> None:
     queue = get_settings().queue_name
     lost = submit(client, tenant)
-    time.sleep(GRACE_S + 0.2)
+    time.sleep(max(GRACE_S, sweeper.SEND_ORDER_MARGIN_MS / 1000) + 0.3)
     later = submit(client, tenant)
     queues.rpop(queue)  # the next message a worker would take: as if it vanished on the way
     assert waiting(queues, queue) == [later]
@@ -132,3 +132,20 @@ def test_a_delivery_gets_a_new_message_once_a_grace_and_not_while_one_waits(
     queues.delete(queue)  # and now it is lost
     assert sweeper.sweep_once() == 1
     assert queues.llen(queue) == 1
+
+
+def test_a_queue_that_cannot_be_read_never_stops_the_sweeping(
+    queues: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.queue import SENT_AT_HEADER, oldest_waiting_ms
+
+    queue = get_settings().queue_name
+    queues.lpush(queue, json.dumps({"headers": {SENT_AT_HEADER: 1}}))
+    assert oldest_waiting_ms(queue) is None  # waiting since 1970: nobody takes from it
+    queues.delete(queue)
+    queues.lpush(queue, b"not json")
+    assert oldest_waiting_ms(queue) is None
+    monkeypatch.setenv("RATCHET_BROKER_URL", f"{REDIS_URL}?no_such_option=1")
+    get_settings.cache_clear()
+    assert oldest_waiting_ms(queue) is None  # redis-py refuses the URL: a TypeError
+    assert sweeper.sweep_once() == 0
