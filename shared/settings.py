@@ -60,9 +60,10 @@ class Settings(BaseSettings):
     # AIMD: each provider 429 halves the model's configured rates (not below a tenth), and
     # they creep back by a tenth of the configured rate per minute without one.
     rate_limit_adaptive: bool = False
-    # Fetch the tiktoken encoding an OpenAI model counts with (o200k_base for gpt-4o and
-    # later) into tiktoken's cache, in the background; cl100k_base (installed) counts until.
-    tokenizer_downloads: bool = True
+    # Load the tiktoken encoding an OpenAI model counts with (o200k_base for gpt-4o and
+    # later) in the background, from tiktoken's cache or downloaded into it; off, the
+    # installed cl100k_base counts for every OpenAI model (never touching the network).
+    tokenizer_downloads: bool = False
     provider_block_default_seconds: float = Field(1.0, ge=0)
 
     http_allowed_hosts: CommaList = []

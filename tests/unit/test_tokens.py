@@ -16,7 +16,8 @@ from workers.models.base import ModelRequest, ToolSchema
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(tokens, "_exact", {})
-    monkeypatch.setattr(tokens, "_fetching", {})
+    monkeypatch.setattr(tokens, "_fetchers", {})
+    monkeypatch.setattr(tokens, "_counts", {})
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
@@ -85,29 +86,71 @@ def test_an_unknown_model_behind_an_openai_server_is_counted_with_cl100k_base() 
     assert tokens.encoding_for("openai:my-local-llama") is tokens.bundled()
 
 
-def test_with_downloads_off_an_o200k_model_is_counted_with_cl100k_base(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("RATCHET_TOKENIZER_DOWNLOADS", "false")
+def test_by_default_an_o200k_model_is_counted_with_cl100k_base_and_nothing_is_fetched() -> None:
     before = threading.active_count()
     assert tokens.encoding_for("openai:gpt-4o-mini") is tokens.bundled()
-    assert tokens._fetching == {}
+    assert tokens._fetchers == {}
     assert threading.active_count() == before
 
 
-def test_an_o200k_model_never_waits_for_its_encoding() -> None:
-    """The first count answers at once with cl100k_base; the model's own encoding is fetched
-    (once per retry window) in the background, and counts once it is there. On a host that
-    cannot reach OpenAI's file server the fetch fails and cl100k_base goes on counting."""
+def test_counts_are_remembered_by_hash_not_by_text() -> None:
+    text = "a long tool output " * 1000
+    first = tokens.request_tokens(request(text), "openai:gpt-4", default_output=0)
+    assert tokens.request_tokens(request(text), "openai:gpt-4", default_output=0) == first
+    assert all(isinstance(key[1], int) for key in tokens._counts)  # the text is not kept
+
+
+@pytest.fixture
+def downloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RATCHET_TOKENIZER_DOWNLOADS", "true")
+    get_settings.cache_clear()
+
+
+@pytest.mark.usefixtures("downloads")
+def test_a_hanging_download_never_holds_up_a_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiktoken builds an encoding under a lock, and its download has no timeout: a fetch
+    stuck there must not stall counting, nor pile up threads."""
+    import tiktoken.registry
+
+    release = threading.Event()
+
+    def hanging_fetch(name: str) -> None:
+        with tiktoken.registry._lock:  # what a download with no answer does
+            release.wait(10)
+
+    monkeypatch.setattr(tokens, "_fetch", hanging_fetch)
+    tokens.bundled.cache_clear()  # as in a fresh process: not loaded yet
+    monkeypatch.delitem(tiktoken.registry.ENCODINGS, tokens.BUNDLED, raising=False)
+    try:
+        started = time.perf_counter()
+        assert tokens.encoding_for("openai:gpt-4o") is tokens.bundled()
+        assert time.perf_counter() - started < 5  # loading it, not waiting for the download
+        started = time.perf_counter()
+        for _ in range(3):
+            assert tokens.encoding_for("openai:gpt-4o-mini") is tokens.bundled()
+            tokens.request_tokens(request("hello there"), "openai:gpt-4o", default_output=1)
+        assert time.perf_counter() - started < 0.5
+        monkeypatch.setattr(tokens, "RETRY_FETCH_SECONDS", 0.0)
+        tokens.encoding_for("openai:gpt-4o")  # the retry window is over, but it still hangs
+        fetchers = [t for t in threading.enumerate() if t.name == "tiktoken-o200k_base"]
+        assert len(fetchers) == 1
+    finally:
+        release.set()
+
+
+@pytest.mark.usefixtures("downloads")
+def test_an_o200k_model_is_counted_with_its_own_encoding_once_loaded() -> None:
+    """The first count answers at once with cl100k_base; the model's own encoding is loaded
+    (once) in the background, and counts once it is there. On a host that cannot reach
+    OpenAI's file server the load fails and cl100k_base goes on counting."""
     started = time.perf_counter()
     assert tokens.encoding_for("openai:gpt-4o-mini") is tokens.bundled()
     assert time.perf_counter() - started < 0.5
-    assert set(tokens._fetching) == {"o200k_base"}
-    fetchers = [t for t in threading.enumerate() if t.name == "tiktoken-o200k_base"]
-    assert len(fetchers) == 1
+    assert set(tokens._fetchers) == {"o200k_base"}
+    fetcher = tokens._fetchers["o200k_base"][1]
     tokens.encoding_for("openai:gpt-4o")  # the same encoding: no second fetch
-    assert len([t for t in threading.enumerate() if t.name == "tiktoken-o200k_base"]) <= 1
-    fetchers[0].join(timeout=60)
+    assert tokens._fetchers["o200k_base"][1] is fetcher
+    fetcher.join(timeout=60)
     after = tokens.encoding_for("openai:gpt-4o-mini")
     assert after is not None
     if "o200k_base" in tokens._exact:
