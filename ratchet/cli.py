@@ -56,9 +56,24 @@ def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     from shared.db import require_migrated
 
     require_migrated()
+    if workers > 1:
+        _share_api_metrics()
     uvicorn.run(
         "api.main:create_app", factory=True, host=host, port=port, workers=workers, log_level="info"
     )
+
+
+def _share_api_metrics() -> None:
+    """Several API processes answer /metrics with the sum of all of them (prometheus_client's
+    multiprocess mode: each process writes its own files, the one scraped adds them up), so
+    a scrape never shows one process's share. The processes inherit the directory."""
+    import tempfile
+
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+        prefix="ratchet-api-metrics-"
+    )
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
 
 
 @app.command()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from sqlalchemy import text
 
 from api.problems import problem
@@ -22,7 +24,12 @@ def healthz() -> dict[str, str]:
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)
 def metrics() -> Response:
-    """Prometheus metrics of this API process."""
+    """Prometheus metrics of the API: of every process when it runs several (``ratchet api
+    --workers N`` shares a multiprocess directory), else of this one."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -92,10 +92,13 @@ def child_pids(pid: int) -> list[int]:
 class Stack:
     """A running API and its workers. Create it with the ``stack`` fixture."""
 
-    def __init__(self, *, env: Mapping[str, str], log_dir: Path, concurrency: int) -> None:
+    def __init__(
+        self, *, env: Mapping[str, str], log_dir: Path, concurrency: int, api_workers: int = 1
+    ) -> None:
         self.env = dict(env)
         self.log_dir = log_dir
         self.concurrency = concurrency
+        self.api_workers = api_workers
         self.url = ""
         self.api_proc: subprocess.Popen[bytes] | None = None
         self.worker_procs: list[subprocess.Popen[bytes]] = []
@@ -134,7 +137,8 @@ class Stack:
     def _launch_api(self) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.api_proc = self._spawn("api", ["api", "--port", str(port)])
+        args = ["api", "--port", str(port), "--workers", str(self.api_workers)]
+        self.api_proc = self._spawn("api", args)
 
     def _wait_api(self, attempts: int = 3) -> None:
         for attempt in range(attempts):
@@ -274,7 +278,7 @@ def pytest_runtest_makereport(
 def stack(
     service_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[StackFactory]:
-    """Start stacks: ``stack(workers=2, concurrency=1, env=None) -> Stack``.
+    """Start stacks: ``stack(workers=2, concurrency=1, env=None, api_workers=1) -> Stack``.
 
     A :class:`Stack` offers ``url``, ``client(headers=None)``, ``worker_procs``,
     ``worker_names``, ``worker_child_pids(i)``, ``start_worker()``, ``kill_worker(i, sig)``,
@@ -284,7 +288,10 @@ def stack(
     stacks: list[Stack] = []
 
     def start(
-        workers: int = 2, concurrency: int = 1, env: Mapping[str, str] | None = None
+        workers: int = 2,
+        concurrency: int = 1,
+        env: Mapping[str, str] | None = None,
+        api_workers: int = 1,
     ) -> Stack:
         log_dir = tmp_path / f"stack-{len(stacks)}"
         log_dir.mkdir()
@@ -298,7 +305,9 @@ def stack(
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             **(env or {}),
         }
-        started = Stack(env=merged, log_dir=log_dir, concurrency=concurrency)
+        started = Stack(
+            env=merged, log_dir=log_dir, concurrency=concurrency, api_workers=api_workers
+        )
         stacks.append(started)
         started.start(workers)
         return started

@@ -1,22 +1,17 @@
-"""Prometheus metrics: the API's /metrics and a worker's, summed over its prefork children."""
+"""Prometheus metrics: the API's /metrics, summed over its processes, and a worker's, summed over
+its prefork children."""
 
 from __future__ import annotations
 
 import re
-import socket
+from pathlib import Path
 
 import httpx
 
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import StackFactory
+from tests.e2e.conftest import StackFactory, free_port
 from tests.e2e.util import wait_all
 from tests.helpers import calculator_script, scripted_task
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -59,3 +54,29 @@ def test_api_and_worker_metrics(stack: StackFactory, tenant: TenantHandle) -> No
     assert sample(worker_metrics, "ratchet_model_calls_total", model="scripted", outcome="ok") >= 12
     assert sample(worker_metrics, "ratchet_limiter_decisions_total", decision="allowed") >= 12
     assert sample(worker_metrics, "ratchet_step_duration_seconds_count") >= 12
+
+
+def test_an_api_of_several_processes_serves_the_sum_of_their_metrics(
+    stack: StackFactory, tenant: TenantHandle, tmp_path: Path
+) -> None:
+    directory = tmp_path / "api-metrics"
+    fleet = stack(workers=0, api_workers=2, env={"PROMETHEUS_MULTIPROC_DIR": str(directory)})
+
+    def writers() -> set[str]:  # the processes that have counted a submission
+        return {f.stem.rsplit("_", 1)[-1] for f in directory.glob("counter_*.db")}
+
+    submitted = 0
+    # A new connection for each request: the kernel hands connections to either process.
+    while submitted < 40 and (submitted < 6 or len(writers()) < 2):
+        response = httpx.post(
+            f"{fleet.url}/v1/tasks",
+            json=scripted_task(calculator_script(2)),
+            headers=tenant.headers,
+            timeout=10,
+        )
+        assert response.status_code == 202, response.text
+        submitted += 1
+    assert len(writers()) == 2, "one process answered every request: nothing to add up"
+    for _ in range(6):
+        scraped = httpx.get(f"{fleet.url}/metrics", timeout=10).text
+        assert sample(scraped, "ratchet_tasks_submitted_total") == submitted
