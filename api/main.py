@@ -14,6 +14,7 @@ from api.body_limit import BodyLimitMiddleware
 from api.event_hub import hub
 from api.routes import admin, agents, events, health, tasks, webhooks
 from api.schemas import TaskCreate
+from shared import logs
 from shared.db import require_migrated
 from shared.registry import get_registry
 from shared.settings import get_settings
@@ -45,6 +46,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
 
 def create_app() -> FastAPI:
+    logs.configure_from_settings(replace=False)  # each API process (--workers spawns them)
     app = FastAPI(
         title="Ratchet",
         version="1",

@@ -53,13 +53,20 @@ def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     """Serve the HTTP API with uvicorn (production: Postgres + Redis)."""
     import uvicorn
 
+    from shared import logs
     from shared.db import require_migrated
 
     require_migrated()
     if workers > 1:
         _share_api_metrics()
+    logs.configure_from_settings()
     uvicorn.run(
-        "api.main:create_app", factory=True, host=host, port=port, workers=workers, log_level="info"
+        "api.main:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_config=None,  # uvicorn's records go through Ratchet's handler (RATCHET_LOG_FORMAT)
     )
 
 
@@ -80,7 +87,7 @@ def _share_api_metrics() -> None:
 def worker(
     concurrency: Annotated[int, typer.Option(help="worker processes")] = 2,
     pool: str = "prefork",
-    loglevel: str = "INFO",
+    loglevel: Annotated[str | None, typer.Option(help="default: RATCHET_LOG_LEVEL")] = None,
     hostname: str | None = None,
 ) -> None:
     """Run a Celery worker that advances tasks one step per message."""
@@ -99,7 +106,8 @@ def worker(
 
     require_migrated()
     queues = f"{webhook_queue(settings)},{settings.queue_name}"
-    argv = ["worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={loglevel}"]
+    level = loglevel or settings.log_level
+    argv = ["worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={level}"]
     argv.append(f"--queues={queues}")
     argv += ["--without-gossip", "--without-mingle"]
     if hostname:

@@ -13,6 +13,7 @@ import uvicorn
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy.orm import Session
 
+from shared import logs
 from shared.db import migrate, transaction
 from shared.errors import NotFound
 from shared.queue import webhook_queue
@@ -52,12 +53,15 @@ def run(*, host: str, port: int, concurrency: int) -> None:
     from workers import sweeper
     from workers.app import app  # the Celery app with Ratchet's tasks registered
 
+    # Quieter by default than a production process: warnings, unless RATCHET_LOG_LEVEL says.
+    level = settings.log_level if "log_level" in settings.model_fields_set else "WARNING"
+    logs.configure_from_settings(level)
     with start_worker(
         app,
         pool="threads",
         concurrency=concurrency,
         perform_ping_check=False,
-        loglevel="WARNING",
+        loglevel=level,
         hostname="ratchet-dev@localhost",
         queues=[webhook_queue(settings), settings.queue_name],
     ):
@@ -67,4 +71,11 @@ def run(*, host: str, port: int, concurrency: int) -> None:
         print(f"API key for tenant 'dev': {key}", flush=True)
         print(f"Try: export RATCHET_URL={url} RATCHET_KEY={key}", flush=True)
         sys.stdout.flush()
-        uvicorn.run("api.main:create_app", factory=True, host=host, port=port, log_level="warning")
+        uvicorn.run(
+            "api.main:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            log_level="warning",
+            log_config=None,
+        )

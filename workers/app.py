@@ -7,6 +7,7 @@ from typing import Any
 
 from celery import signals
 
+from shared import logs
 from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
 from shared.db import reset_engines
 from shared.queue import get_celery
@@ -27,6 +28,12 @@ def advance_task(task_id: str, step: int | None = None) -> None:
 def deliver_webhook(delivery_id: str) -> None:
     """Send one webhook delivery from the outbox; safe to run twice (the claim decides)."""
     webhook_sender.deliver(delivery_id)
+
+
+@signals.setup_logging.connect
+def _logging(loglevel: str | int | None = None, **_: Any) -> None:
+    # Connected, this replaces Celery's own logging set-up: one format for every process.
+    logs.configure_from_settings(loglevel)
 
 
 @signals.worker_process_init.connect

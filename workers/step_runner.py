@@ -28,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from shared import checkpoints, failpoints, ledger, metrics, notify, task_store
+from shared import checkpoints, failpoints, ledger, logs, metrics, notify, task_store
 from shared.batch import Part
 from shared.db import pinned, write_session
 from shared.errors import CancelRequested, LeaseLost, ModelError
@@ -77,16 +77,20 @@ _HOST = socket.gethostname()
 
 def advance(task_id: str, step: int | None = None) -> None:
     """Run one step of ``task_id`` if it is ours to run, then enqueue whatever comes next."""
-    with pinned():  # one database connection for the step's reads and writes
+    # one database connection for the step's reads and writes; its fields on every log line
+    with logs.bound(task_id=task_id, step=step), pinned():
         ctx = lease_step(task_id, step)
         if ctx is None:
             return
-        started, outcome = time.perf_counter(), "ended"
-        try:
-            outcome = run_leased(ctx)
-        finally:
-            metrics.steps.labels(outcome=outcome).inc()
-            metrics.step_seconds.observe(time.perf_counter() - started)
+        with logs.bound(step=ctx.lease.step, lease_epoch=ctx.lease.epoch):
+            started, outcome = time.perf_counter(), "ended"
+            try:
+                outcome = run_leased(ctx)
+            finally:
+                elapsed = time.perf_counter() - started
+                metrics.steps.labels(outcome=outcome).inc()
+                metrics.step_seconds.observe(elapsed)
+                log.info("step %d %s in %.1f ms", ctx.lease.step, outcome, elapsed * 1000)
     if outcome == "committed":
         enqueue_step(task_id, ctx.lease.step + 1)
 

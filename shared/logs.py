@@ -1,0 +1,106 @@
+"""Logging for every Ratchet process: plain text, or one JSON object a line.
+
+``RATCHET_LOG_FORMAT=json`` writes each record as one line of JSON with ``time``, ``level``,
+``logger`` and ``message``, the exception's traceback as ``exc_info``, and the fields of the
+step it happened in (``task_id``, ``step``, ``lease_epoch``), so a log store can follow a task
+across workers. Text lines carry the same fields at their end.
+
+A step binds its fields with :func:`bound`; anything logged inside (by Ratchet, an agent's
+tool, or a library) carries them. Ratchet's own log calls name tasks, steps, models and
+hosts, never keys, webhook secrets or request bodies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+FIELDS = ("task_id", "step", "lease_epoch")
+_bound: ContextVar[dict[str, Any]] = ContextVar("ratchet_log_fields", default={})  # noqa: B039 - never mutated
+_HANDLER_NAME = "ratchet"
+
+
+@contextlib.contextmanager
+def bound(**fields: Any) -> Iterator[None]:
+    """Add ``fields`` to every record logged inside the block (in this thread or task)."""
+    token = _bound.set({**_bound.get(), **fields})
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The step's bound fields, and any passed with ``extra=`` (those win)."""
+    found = {name: value for name, value in _bound.get().items() if value is not None}
+    for name in FIELDS:
+        value = getattr(record, name, None)
+        if value is not None:
+            found[name] = value
+    return found
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_fields(record),
+        }
+        if record.exc_info:
+            line["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = _fields(record)
+        if not fields:
+            return text
+        head, newline, rest = text.partition("\n")  # after the message, before a traceback
+        tail = " ".join(f"{name}={value}" for name, value in fields.items())
+        return f"{head} [{tail}]{newline}{rest}"
+
+
+def configure(*, log_format: str, level: str | int, capture_warnings: bool = False) -> None:
+    """Send every logger's records (uvicorn's and Celery's included, and Python's warnings
+    with ``capture_warnings``) to stderr in the chosen format. Safe to call again: it replaces
+    its own handler."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "celery"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()  # theirs would print the same record a second time, unformatted
+        logger.propagate = True
+    logging.captureWarnings(capture_warnings)
+
+
+def configure_from_settings(level: str | int | None = None, *, replace: bool = True) -> None:
+    """:func:`configure` with ``RATCHET_LOG_FORMAT`` and ``level`` (else ``RATCHET_LOG_LEVEL``);
+    with ``replace=False``, only if this process has not been configured yet."""
+    from shared.settings import get_settings
+
+    if not replace and any(h.get_name() == _HANDLER_NAME for h in logging.getLogger().handlers):
+        return
+    settings = get_settings()
+    configure(
+        log_format=settings.log_format, level=level or settings.log_level, capture_warnings=True
+    )

@@ -1,0 +1,44 @@
+"""Structured logs from real processes: with RATCHET_LOG_FORMAT=json every log line of the API
+and of a worker (its prefork children included) is one JSON object, and a step's lines say
+which task, step and lease they belong to."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.conftest import TenantHandle
+from tests.e2e.conftest import StackFactory
+from tests.e2e.util import wait_all
+from tests.helpers import calculator_script, scripted_task
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The log's lines that are log records (Celery prints its banner as plain text)."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_json_logs_follow_a_task_through_its_steps(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    fleet = stack(workers=1, concurrency=2, env={"RATCHET_LOG_FORMAT": "json"})
+    with fleet.client(headers=tenant.headers) as http:
+        task_id = http.post("/v1/tasks", json=scripted_task(calculator_script(3))).json()["id"]
+        [task] = wait_all(http, None, [task_id], timeout=60).values()
+    assert task["status"] == "succeeded"
+
+    worker = json_lines(fleet.log_text("worker-0"))
+    steps = [r for r in worker if r.get("task_id") == task_id and r["logger"] == "ratchet.step"]
+    assert [(r["step"], r["message"].split()[2]) for r in steps] == [
+        (1, "committed"),
+        (2, "committed"),
+        (3, "finished"),
+    ], steps
+    assert all(r["lease_epoch"] >= 1 and r["level"] == "INFO" for r in steps), steps
+    assert {"time", "level", "logger", "message"} <= set(worker[0])
+    records = [line for line in fleet.log_text("worker-0").splitlines() if " INFO " in line]
+    assert records == [], records  # no record escaped the JSON handler
+
+    api = json_lines(fleet.log_text("api"))
+    access = [r for r in api if r["logger"] == "uvicorn.access"]
+    assert any(f"/v1/tasks/{task_id}" in r["message"] for r in access), api[-5:]

@@ -1,0 +1,81 @@
+"""Log lines: plain text or one JSON object each, carrying the step they were written in."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+
+from shared import logs
+
+
+def record(message: str = "hello %s", *args: object, **extra: object) -> logging.LogRecord:
+    made = logging.LogRecord("ratchet.step", logging.INFO, __file__, 1, message, args, None)
+    for name, value in extra.items():
+        setattr(made, name, value)
+    return made
+
+
+def test_a_json_line_carries_the_bound_step() -> None:
+    formatter = logs.JsonFormatter()
+    with logs.bound(task_id="tsk_1", step=None):
+        with logs.bound(step=3, lease_epoch=7):
+            line = json.loads(formatter.format(record("step %d committed", 3)))
+        outside = json.loads(formatter.format(record()))
+    assert line["message"] == "step 3 committed"
+    assert (line["level"], line["logger"]) == ("INFO", "ratchet.step")
+    assert (line["task_id"], line["step"], line["lease_epoch"]) == ("tsk_1", 3, 7)
+    assert line["time"].endswith("+00:00")
+    assert outside["task_id"] == "tsk_1"
+    assert "step" not in outside  # bound as None: left out
+    assert "task_id" not in json.loads(formatter.format(record()))
+
+
+def test_fields_passed_with_extra_win_and_a_traceback_stays_inside_the_line() -> None:
+    formatter = logs.JsonFormatter()
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = record("it failed", task_id="tsk_2")
+        failed.exc_info = sys.exc_info()
+    with logs.bound(task_id="tsk_1"):
+        text = formatter.format(failed)
+    assert "\n" not in text
+    line = json.loads(text)
+    assert line["task_id"] == "tsk_2"
+    assert "ValueError: boom" in line["exc_info"]
+
+
+def test_a_text_line_ends_with_the_fields_before_any_traceback() -> None:
+    formatter = logs.TextFormatter()
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = record("it failed")
+        failed.exc_info = sys.exc_info()
+    with logs.bound(task_id="tsk_1", step=2):
+        first, *rest = formatter.format(failed).splitlines()
+    assert first.endswith("ratchet.step: it failed [task_id=tsk_1 step=2]")
+    assert rest[-1] == "ValueError: boom"
+
+
+def test_configuring_again_replaces_only_its_own_handler(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = logging.getLogger()
+    others = [h for h in root.handlers if h.get_name() != "ratchet"]
+    level = root.level
+    try:
+        logs.configure(log_format="text", level="INFO")
+        logs.configure(log_format="json", level="WARNING")
+        ours = [h for h in root.handlers if h.get_name() == "ratchet"]
+        assert len(ours) == 1
+        assert isinstance(ours[0].formatter, logs.JsonFormatter)
+        assert [h for h in root.handlers if h.get_name() != "ratchet"] == others
+        assert root.level == logging.WARNING
+    finally:
+        for handler in [h for h in root.handlers if h.get_name() == "ratchet"]:
+            root.removeHandler(handler)
+        root.setLevel(level)
