@@ -13,7 +13,7 @@ import uvicorn
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy.orm import Session
 
-from shared import logs
+from shared import logs, tracing
 from shared.db import migrate, transaction
 from shared.errors import NotFound
 from shared.queue import webhook_queue
@@ -56,6 +56,7 @@ def run(*, host: str, port: int, concurrency: int) -> None:
     # Quieter by default than a production process: warnings, unless RATCHET_LOG_LEVEL says.
     level = settings.log_level if "log_level" in settings.model_fields_set else "WARNING"
     logs.configure_from_settings(level)
+    tracing.configure("ratchet")
     with start_worker(
         app,
         pool="threads",

@@ -30,6 +30,7 @@ class Settings(BaseSettings):
     queue_name: str = "ratchet"
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    tracing: Literal["off", "console", "otlp"] = "off"
 
     default_model: str = "scripted"
     default_max_steps: int = Field(20, ge=1)

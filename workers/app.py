@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import signals
 
-from shared import logs
+from shared import logs, tracing
 from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
 from shared.db import reset_engines
 from shared.queue import get_celery
@@ -46,6 +46,7 @@ def _fresh_connections(**_: Any) -> None:
 def _load_registry(**_: Any) -> None:
     get_registry()
     tokens.bundled()  # before the fork: the processes share it, and no step waits for it
+    tracing.configure("ratchet-worker")
 
 
 @signals.worker_ready.connect

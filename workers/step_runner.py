@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn
 
+from opentelemetry.trace import StatusCode
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from shared import checkpoints, failpoints, ledger, logs, metrics, notify, task_store
+from shared import checkpoints, failpoints, ledger, logs, metrics, notify, task_store, tracing
 from shared.batch import Part
 from shared.db import pinned, write_session
 from shared.errors import CancelRequested, LeaseLost, ModelError
@@ -77,12 +78,17 @@ _HOST = socket.gethostname()
 
 def advance(task_id: str, step: int | None = None) -> None:
     """Run one step of ``task_id`` if it is ours to run, then enqueue whatever comes next."""
-    # one database connection for the step's reads and writes; its fields on every log line
-    with logs.bound(task_id=task_id, step=step), pinned():
+    # one database connection for the step's reads and writes; its fields on every log line;
+    # its span in the task's trace
+    with logs.bound(task_id=task_id, step=step), pinned(), tracing.in_task(task_id):
         ctx = lease_step(task_id, step)
         if ctx is None:
             return
-        with logs.bound(step=ctx.lease.step, lease_epoch=ctx.lease.epoch):
+        lease = ctx.lease
+        with (
+            logs.bound(step=lease.step, lease_epoch=lease.epoch),
+            tracing.step_span(task_id, lease.step, lease_epoch=lease.epoch) as span,
+        ):
             started, outcome = time.perf_counter(), "ended"
             try:
                 outcome = run_leased(ctx)
@@ -90,9 +96,27 @@ def advance(task_id: str, step: int | None = None) -> None:
                 elapsed = time.perf_counter() - started
                 metrics.steps.labels(outcome=outcome).inc()
                 metrics.step_seconds.observe(elapsed)
-                log.info("step %d %s in %.1f ms", ctx.lease.step, outcome, elapsed * 1000)
+                span.set_attribute("ratchet.outcome", outcome)
+                log.info("step %d %s in %.1f ms", lease.step, outcome, elapsed * 1000)
+        if ctx.task.status in TaskStatus.TERMINAL:
+            end_task_span(ctx.task)
     if outcome == "committed":
         enqueue_step(task_id, ctx.lease.step + 1)
+
+
+def end_task_span(task: TaskState) -> None:
+    """The task's root span, now that this step ended it."""
+    tracing.end_task(
+        task.id,
+        created_at=task.created_at,
+        status=task.status,
+        attributes={
+            "ratchet.steps": task.steps,
+            "gen_ai.usage.input_tokens": task.input_tokens,
+            "gen_ai.usage.output_tokens": task.output_tokens,
+            "ratchet.cost_usd": task.cost_usd,
+        },
+    )
 
 
 def lease_step(task_id: str, step: int | None) -> Context | None:
@@ -384,18 +408,27 @@ def call_model(ctx: Context) -> Answer:
     )
     started_at, started = utcnow(), time.monotonic()
     failpoints.hit("model_call")
-    try:
-        response = model_calls.complete(
-            provider,
-            request,
-            model=ctx.task.model,
-            tenant=ctx.tenant_name,
-            prior_failures=ctx.task.model_failures,
+    with tracing.model_span(ctx.task.model) as span:
+        try:
+            response = model_calls.complete(
+                provider,
+                request,
+                model=ctx.task.model,
+                tenant=ctx.tenant_name,
+                prior_failures=ctx.task.model_failures,
+            )
+        except ModelError as exc:
+            span.set_status(StatusCode.ERROR, str(exc))
+            fail(ctx, exc.error_type, str(exc))
+        except model_calls.Deferred as deferred:
+            span.set_attribute("ratchet.deferred_ms", int(deferred.delay_s * 1000))
+            defer(ctx, deferred)
+        span.set_attributes(
+            {
+                "gen_ai.usage.input_tokens": response.input_tokens,
+                "gen_ai.usage.output_tokens": response.output_tokens,
+            }
         )
-    except ModelError as exc:
-        fail(ctx, exc.error_type, str(exc))
-    except model_calls.Deferred as deferred:
-        defer(ctx, deferred)
     return Answer(response, int((time.monotonic() - started) * 1000), started_at)
 
 
@@ -551,7 +584,11 @@ def invoke(
         call_id=call_id,
         idempotency_key=ledger.idempotency_key(ctx.task.id, call_id),
     )
-    return tool_runner.execute(tool, call.arguments, context)
+    with tracing.tool_span(tool.name, call_id=call_id) as span:
+        outcome = tool_runner.execute(tool, call.arguments, context)
+        if not outcome.ok:
+            span.set_status(StatusCode.ERROR, outcome.error or "failed")
+    return outcome
 
 
 def record_outcome(

@@ -1,12 +1,16 @@
-"""Structured logs from real processes: with RATCHET_LOG_FORMAT=json every log line of the API
-and of a worker (its prefork children included) is one JSON object, and a step's lines say
-which task, step and lease they belong to."""
+"""Structured logs and traces from real processes: with RATCHET_LOG_FORMAT=json every log line
+of the API and of a worker (its prefork children included) is one JSON object, and a step's
+lines say which task, step and lease they belong to; with RATCHET_TRACING a task's spans
+leave the worker."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
+from shared import tracing
 from tests.conftest import TenantHandle
 from tests.e2e.conftest import StackFactory
 from tests.e2e.util import wait_all
@@ -42,3 +46,32 @@ def test_json_logs_follow_a_task_through_its_steps(
     api = json_lines(fleet.log_text("api"))
     access = [r for r in api if r["logger"] == "uvicorn.access"]
     assert any(f"/v1/tasks/{task_id}" in r["message"] for r in access), api[-5:]
+
+
+def test_spans_leave_a_real_worker(stack: StackFactory, tenant: TenantHandle) -> None:
+    """RATCHET_TRACING=console: the worker's prefork children export their spans (the SDK's
+    export thread survives the fork), the task's root span among them."""
+    env = {"RATCHET_TRACING": "console", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    fleet = stack(workers=1, concurrency=2, env=env)
+    with fleet.client(headers=tenant.headers) as http:
+        task_id = http.post("/v1/tasks", json=scripted_task(calculator_script(2))).json()["id"]
+        [task] = wait_all(http, None, [task_id], timeout=60).values()
+    assert task["status"] == "succeeded"
+    trace_id = f"0x{tracing.task_ids(task_id)[0]:032x}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        log = fleet.log_text("worker-0")
+        if log.count(trace_id) >= 6:  # the task, 2 steps, 2 model calls, 1 tool call
+            break
+        time.sleep(0.2)
+    names = re.findall(r'"name": "([^"]+)",\s*"context": \{\s*"trace_id": "' + trace_id, log)
+    assert sorted(names) == sorted(
+        [
+            "ratchet.task",
+            "ratchet.step 1",
+            "ratchet.step 2",
+            "chat scripted",
+            "chat scripted",
+            "execute_tool calculator",
+        ]
+    ), names
