@@ -440,12 +440,12 @@ def limiter(
     """Limiter decisions/s and latency vs a bare Redis INCR; admitted vs configured rate."""
     import redis
 
-    from shared.rate_limiter import RedisLimiter
+    from shared.rate_limiter import Bucket
     from shared.settings import get_settings
 
     url = get_settings().redis_url
     client = redis.Redis.from_url(url)
-    client.delete(RedisLimiter.bucket_key("bench:saturated"))
+    client.delete(Bucket("bench:saturated", rate=1).key)
     levels: dict[str, Any] = {}
     for clients in (1, 16, 64):
         measured = _measure(url, clients, seconds)

@@ -265,10 +265,6 @@ class RedisLimiter:
         self._cut = client.register_script(CUT)
 
     @staticmethod
-    def bucket_key(scope: str) -> str:
-        return BUCKET_PREFIX + scope
-
-    @staticmethod
     def block_key(scope: str) -> str:
         return BLOCK_PREFIX + scope
 
@@ -356,9 +352,7 @@ class RedisLimiter:
             return
         bucket = take.bucket
         try:
-            self._adjust(
-                keys=[self.bucket_key(bucket.scope)], args=[bucket.per_ms, bucket.burst, delta]
-            )
+            self._adjust(keys=[bucket.key], args=[bucket.per_ms, bucket.burst, delta])
         except redis.RedisError as exc:
             raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
 
@@ -396,7 +390,7 @@ class RedisLimiter:
         out = []
         for bucket in buckets:
             args = [bucket.per_ms, bucket.burst]
-            level = float(self._level(keys=[self.bucket_key(bucket.scope)], args=args))
+            level = float(self._level(keys=[bucket.key], args=args))
             out.append(_describe(bucket, level, stats))
         return out
 

@@ -42,11 +42,11 @@ def sweep_once() -> int:
     """
     settings = get_settings()
     grace_ms = int(settings.sweep_grace_seconds * 1000)
-    steps_sent = oldest_waiting_ms(settings.queue_name)
-    sends_sent = oldest_waiting_ms(webhook_queue(settings))
     with transaction() as session:
         if not _sweep_lock(session):
-            return 0
+            return 0  # another process is sweeping: it looks into the queues, not this one
+        steps_sent = oldest_waiting_ms(settings.queue_name)
+        sends_sent = oldest_waiting_ms(webhook_queue(settings))
         # Rows hold the database's clock, messages their sender's: compare on the database's.
         offset = int(session.scalar(select(now_ms())) or 0) - int(time.time() * 1000)
         steps_before = _waiting_since(steps_sent, offset)

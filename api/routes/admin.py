@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException
 
 from api.deps import Admin
-from shared.limits import configured_buckets
+from shared.limits import adaptive_share, configured_buckets
 from shared.rate_limiter import LimiterUnavailable, get_limiter
 from shared.settings import get_settings
 
@@ -22,14 +22,11 @@ def rate_limits(_: Admin) -> dict[str, Any]:
     try:
         buckets = limiter.snapshot(configured_buckets())
         blocked = limiter.blocked()
-        for bucket in buckets:  # with adaptive limits on: the share its 429s have left it
-            scope = bucket["scope"]
-            if (
-                get_settings().rate_limit_adaptive
-                and scope.startswith("model:")
-                and "*" not in scope
-            ):
-                bucket["adaptive_share"] = limiter.factor(scope.rsplit(":", 1)[0])
+        if get_settings().rate_limit_adaptive:  # the share its 429s have left each model
+            for bucket in buckets:
+                scope = bucket["scope"]
+                if scope.startswith("model:") and "*" not in scope:
+                    bucket["adaptive_share"] = adaptive_share(scope.rsplit(":", 1)[0])
     except LimiterUnavailable as exc:
         raise HTTPException(503, str(exc)) from exc
     return {
