@@ -56,6 +56,7 @@ def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     from shared import logs
     from shared.db import require_migrated
 
+    os.environ.setdefault("PGAPPNAME", "ratchet-api")  # its connections, in pg_stat_activity
     require_migrated()
     if workers > 1:
         _share_api_metrics()
@@ -85,18 +86,37 @@ def _share_api_metrics() -> None:
 
 @app.command()
 def worker(
-    concurrency: Annotated[int, typer.Option(help="worker processes")] = 2,
+    concurrency: Annotated[
+        int, typer.Option(help="worker processes (default: one per CPU)", show_default=False)
+    ] = 0,
+    threads: Annotated[
+        int,
+        typer.Option(
+            help="steps each process runs at once (default: RATCHET_WORKER_THREADS, 256)",
+            show_default=False,
+        ),
+    ] = 0,
     pool: str = "prefork",
     loglevel: Annotated[str | None, typer.Option(help="default: RATCHET_LOG_LEVEL")] = None,
     hostname: str | None = None,
 ) -> None:
-    """Run a Celery worker that advances tasks one step per message."""
+    """Run a Celery worker that advances tasks one step per message.
+
+    Each process runs up to --threads steps at once: a step waiting on its model or a tool
+    holds one thread and no database connection, so a 2-core host with the defaults keeps
+    about 500 model calls in flight and holds at most --concurrency × (RATCHET_DB_POOL_SIZE +
+    RATCHET_DB_POOL_OVERFLOW) + 2 PostgreSQL connections (18 with the defaults).
+    """
     # SIGTERM (what deploys send) becomes Celery's soft shutdown: running steps get
     # RATCHET_SHUTDOWN_GRACE_SECONDS, then their messages go back on the queue. Celery reads
     # this when its worker module loads, so it is set before anything imports it.
     os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
+    os.environ.setdefault("PGAPPNAME", "ratchet-worker")  # its connections, in pg_stat_activity
+    if threads:
+        os.environ["RATCHET_WORKER_THREADS"] = str(threads)  # read by every pool process
     from shared.settings import get_settings
 
+    get_settings.cache_clear()
     settings = get_settings()
     if settings.worker_metrics_port:
         _serve_worker_metrics(settings.worker_metrics_port)
@@ -107,7 +127,8 @@ def worker(
     require_migrated()
     queues = f"{webhook_queue(settings)},{settings.queue_name}"
     level = loglevel or settings.log_level
-    argv = ["worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--loglevel={level}"]
+    processes = concurrency or os.cpu_count() or 1
+    argv = ["worker", f"--concurrency={processes}", f"--pool={pool}", f"--loglevel={level}"]
     argv.append(f"--queues={queues}")
     argv += ["--without-gossip", "--without-mingle"]
     if hostname:

@@ -6,7 +6,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -71,11 +70,15 @@ def make_engine(url: str) -> Engine:
     # A process stopped in the middle of a transaction (SIGSTOP, a frozen VM) must not keep the
     # rows it locked: Postgres ends such a session after a lease's length, and the lease, the
     # sweeper and everyone else move on.
-    idle_ms = int(get_settings().lease_ttl_seconds * 1000)
+    settings = get_settings()
+    idle_ms = int(settings.lease_ttl_seconds * 1000)
+    # A step holds a connection only for each of its writes, never while its model or tool
+    # works, so a few connections serve every step a process runs at once; the pool bounds
+    # what a host holds whatever the number of tasks in flight.
     engine = create_engine(
         url,
-        pool_size=10,
-        max_overflow=20,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_pool_overflow,
         pool_recycle=1800,
         connect_args={
             "options": f"-c idle_in_transaction_session_timeout={idle_ms}"
@@ -86,19 +89,27 @@ def make_engine(url: str) -> Engine:
         },
     )
     event.listen(engine.pool, "checkout", _ping_on_checkout(engine))
+    event.listen(engine.pool, "checkin", _note_checkin)
     return engine
 
 
-# Set while a caller takes a connection it checks itself (its first statement is the check).
-_unpinged: ContextVar[bool] = ContextVar("ratchet_unpinged_checkout", default=False)
+# A connection back in the pool for less than this is handed out again without a ping: it
+# was working a moment ago, and a step's writes come a few milliseconds apart. One idle for
+# longer (across a long model call, say) is pinged first, as SQLAlchemy's pre-ping would.
+PING_IDLE_SECONDS = 1.0
+_CHECKED_IN_AT = "ratchet_checked_in_at"
+
+
+def _note_checkin(_dbapi_connection: Any, record: Any) -> None:
+    record.info[_CHECKED_IN_AT] = time.monotonic()
 
 
 def _ping_on_checkout(engine: Engine) -> Any:
-    """The pool's pessimistic disconnect check, as SQLAlchemy's ``pool_pre_ping`` does it, but
-    as a checkout hook so a caller that checks the connection itself can skip it."""
+    """The pool's pessimistic disconnect check, for connections that sat idle."""
 
-    def ping(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        if _unpinged.get():
+    def ping(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        checked_in = record.info.get(_CHECKED_IN_AT)
+        if checked_in is not None and time.monotonic() - checked_in < PING_IDLE_SECONDS:
             return
         try:
             engine.dialect.do_ping(dbapi_connection)
@@ -153,89 +164,19 @@ def write_session() -> Iterator[Session]:
     """A session for writes that are each one atomic statement (see shared.batch).
 
     On PostgreSQL it runs in autocommit: each statement commits on its own, which saves the
-    round trips of BEGIN and COMMIT; inside ``pinned()`` it reuses that block's connection.
-    Elsewhere it is an ordinary transaction, committed at the end, in which a batch runs as
-    several statements.
+    round trips of BEGIN and COMMIT. Elsewhere it is an ordinary transaction, committed at
+    the end, in which a batch runs as several statements. Either way the connection goes
+    back to the pool when the block ends.
     """
     engine = get_engine()
     if engine.dialect.name != "postgresql":
         with transaction() as session:
             yield session
         return
-    pin = _pin.get()
-    if pin is not None:
-        yield pin.session()
-        pin.used_at = time.monotonic()
-        return
     with engine.connect() as connection:
         autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
         with get_sessionmaker()(bind=autocommit) as session:
             yield session
-
-
-# A pinned connection idle for longer than this is pinged before reuse, as the pool pings
-# every connection it hands out: across a long model call the server may have dropped it.
-PIN_IDLE_PING_SECONDS = 1.0
-
-
-@dataclass
-class _Pinned:
-    engine: Engine
-    held: Connection | None = None
-    bound: Session | None = None
-    used_at: float = 0.0
-    taken: bool = False  # a connection was taken: any later one is pinged by the pool
-
-    def session(self) -> Session:
-        """A session on the pinned connection: the one taken before, unless it sat idle too
-        long and failed a ping (then a fresh one from the pool)."""
-        held, fresh = self.held, time.monotonic() - self.used_at <= PIN_IDLE_PING_SECONDS
-        usable = held is not None and not held.invalidated and self.bound is not None
-        if usable and (fresh or self._alive(cast(Connection, held))):
-            return cast(Session, self.bound)
-        first = not self.taken
-        self.close()
-        # The first connection of a step is not pinged: the step's first statement is a read
-        # that the step retries on a fresh connection if this one turns out dead.
-        token = _unpinged.set(first)
-        try:
-            self.held = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        finally:
-            _unpinged.reset(token)
-        self.taken = True
-        self.bound = get_sessionmaker()(bind=self.held)
-        return self.bound
-
-    def _alive(self, held: Connection) -> bool:
-        try:
-            self.engine.dialect.do_ping(cast(Any, held.connection.driver_connection))
-        except Exception:
-            held.invalidate()
-            return False
-        return True
-
-    def close(self) -> None:
-        if self.bound is not None:
-            self.bound.close()
-        if self.held is not None:
-            self.held.close()
-        self.held = self.bound = None
-
-
-_pin: ContextVar[_Pinned | None] = ContextVar("ratchet_pinned_connection", default=None)
-
-
-@contextmanager
-def pinned() -> Iterator[None]:
-    """Within this block (one step), write_session() takes one connection from the pool and
-    keeps it, rather than one per write; each write is still its own statement."""
-    pin = _Pinned(get_engine())
-    token = _pin.set(pin)
-    try:
-        yield
-    finally:
-        _pin.reset(token)
-        pin.close()
 
 
 @dataclass(frozen=True)

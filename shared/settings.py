@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     step_time_limit_seconds: int = Field(900, ge=10)
     shutdown_grace_seconds: float = Field(20.0, ge=0)
     worker_metrics_port: int = Field(0, ge=0, le=65535)  # 0: no metrics server
+    # Steps one worker process runs at once: a step waiting on its model or a tool holds one
+    # of these threads and nothing scarcer (no database connection, no Celery slot).
+    worker_threads: int = Field(256, ge=1, le=4096)
+    # Database connections per process (the pool, and how far past it a burst may go).
+    db_pool_size: int = Field(6, ge=1, le=100)
+    db_pool_overflow: int = Field(2, ge=0, le=100)
     sweep_interval_seconds: float = Field(5.0, gt=0)
     sweep_grace_seconds: float = Field(30.0, ge=0)
 

@@ -23,6 +23,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.orm import Session
@@ -599,16 +600,25 @@ def _refuse(session: Session, lease: Lease) -> NoReturn:
     raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
 
 
-def fence(session: Session, lease: Lease) -> None:
-    """Assert and extend the lease (the heartbeat): raises LeaseLost if it is gone."""
-    done = session.execute(
+def extend_leases(
+    session: Session, leases: Sequence[Lease], *, ttl_ms: int
+) -> set[tuple[str, int]]:
+    """The heartbeat of many leases in one statement: extend each one still held by ``ttl_ms``;
+    returns (task id, epoch) of each lease extended (any other was lost)."""
+    if not leases:
+        return set()
+    pairs = [(lease.task_id, lease.epoch) for lease in leases]
+    rows = session.execute(
         update(Task)
-        .where(_held(lease))
-        .values(lease_expires_ms=now_ms() + lease.ttl_ms)
+        .where(
+            tuple_(Task.id, Task.lease_epoch).in_(pairs),
+            Task.status.in_(TaskStatus.RUNNABLE),
+        )
+        .values(lease_expires_ms=now_ms() + ttl_ms)
+        .returning(Task.id, Task.lease_epoch)
         .execution_options(synchronize_session=False)
-    )
-    if done.rowcount != 1:  # type: ignore[attr-defined]
-        raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
+    ).all()
+    return {(row.id, row.lease_epoch) for row in rows}
 
 
 def usage_values(*, input_tokens: int, output_tokens: int, cost_usd: float) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from celery import signals
@@ -12,7 +13,8 @@ from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
 from shared.db import reset_engines
 from shared.queue import get_celery
 from shared.registry import get_registry
-from workers import step_runner, sweeper, tokens, webhook_sender
+from shared.settings import get_settings
+from workers import step_pool, step_runner, sweeper, tokens, webhook_sender
 
 log = logging.getLogger("ratchet.worker")
 app = get_celery()
@@ -20,8 +22,11 @@ app = get_celery()
 
 @app.task(name=ADVANCE_TASK)
 def advance_task(task_id: str, step: int | None = None) -> None:
-    """Advance ``task_id`` by one step; safe to run twice (the lease decides)."""
-    step_runner.advance(task_id, step)
+    """Hand the step to this process's step pool (waiting for a free thread); it runs there,
+    with the task's next steps after it, so the message is done once the step has started.
+    Safe to run twice (the lease decides)."""
+    work = partial(step_runner.advance, task_id, step, go_on=step_pool.accepting)
+    step_pool.get_pool().run(work)
 
 
 @app.task(name=DELIVER_WEBHOOK_TASK)
@@ -40,6 +45,12 @@ def _logging(loglevel: str | int | None = None, **_: Any) -> None:
 def _fresh_connections(**_: Any) -> None:
     # A forked child must not reuse the parent's database sockets.
     reset_engines()
+
+
+@signals.worker_process_shutdown.connect
+def _drain_steps(**_: Any) -> None:
+    # A pool process that is told to stop lets its steps in flight commit first.
+    step_pool.drain(get_settings().shutdown_grace_seconds)
 
 
 @signals.worker_init.connect

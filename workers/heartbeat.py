@@ -1,8 +1,13 @@
 """Lease heartbeats: one thread per process keeps every lease it holds alive.
 
-A lease is extended by every write of its step; the heartbeat covers the gaps, a long model
-call or tool, by extending any lease that has not been touched for a third of its TTL. A lease
-found lost is dropped here and the step's next write stops the step.
+The heartbeat covers a step's long waits (a model call, a tool) by extending every lease that
+has not been extended for a third of its TTL, all of them in one statement: however many
+steps a process has in flight, a tick costs one round trip and holds a connection only for
+it. A lease found lost is dropped here, and the step's next write stops the step.
+
+A step that runs past ``RATCHET_STEP_TIME_LIMIT_SECONDS`` (stuck in a call that never
+returns) is no longer kept alive: its lease runs out, another worker resumes the task from its
+last commit, and the stuck step, if it ever wakes, is fenced off.
 """
 
 from __future__ import annotations
@@ -10,27 +15,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from shared import task_store
 from shared.db import write_session
-from shared.errors import LeaseLost
+from shared.settings import get_settings
 from shared.task_store import Lease
 
 log = logging.getLogger("ratchet.heartbeat")
 _lock = threading.Lock()
-_leases: dict[int, tuple[Lease, float]] = {}  # id(lease) → (lease, when last extended)
+_leases: dict[int, tuple[Lease, float, float]] = {}  # id → (lease, since, last extended)
 _thread: threading.Thread | None = None
 TICK_SECONDS = 0.25
+BATCH = 500  # leases per statement
 
 
 @contextmanager
 def kept(lease: Lease) -> Iterator[None]:
     """Keep ``lease`` alive while the block runs."""
     _ensure_thread()
+    now = time.monotonic()
     with _lock:
-        _leases[id(lease)] = (lease, time.monotonic())
+        _leases[id(lease)] = (lease, now, now)
     try:
         yield
     finally:
@@ -47,29 +55,50 @@ def _ensure_thread() -> None:
 
 
 def _due() -> list[Lease]:
-    now = time.monotonic()
+    now, limit = time.monotonic(), get_settings().step_time_limit_seconds
     with _lock:
-        return [lease for lease, since in _leases.values() if now - since >= lease.ttl_ms / 3000]
+        for key, (lease, since, _) in list(_leases.items()):
+            if now - since > limit:
+                del _leases[key]
+                log.error(
+                    "step %d of task %s ran past the %d s step time limit: its lease is let go",
+                    lease.step,
+                    lease.task_id,
+                    limit,
+                    extra={"task_id": lease.task_id, "lease_epoch": lease.epoch},
+                )
+        return [lease for lease, _, at in _leases.values() if now - at >= lease.ttl_ms / 3000]
 
 
-def _extend(lease: Lease) -> None:
+def extend(leases: list[Lease]) -> None:
+    """Extend these leases, a statement per batch of the same TTL; forget the lost ones."""
+    by_ttl: dict[int, list[Lease]] = defaultdict(list)
+    for lease in leases:
+        by_ttl[lease.ttl_ms].append(lease)
+    for ttl_ms, group in by_ttl.items():
+        for start in range(0, len(group), BATCH):
+            _extend_batch(group[start : start + BATCH], ttl_ms=ttl_ms)
+
+
+def _extend_batch(leases: list[Lease], *, ttl_ms: int) -> None:
     try:
         with write_session() as session:  # one statement: no transaction left open
-            task_store.fence(session, lease)
-    except LeaseLost:
-        with _lock:
-            _leases.pop(id(lease), None)
-        return
+            held = task_store.extend_leases(session, leases, ttl_ms=ttl_ms)
     except Exception:
-        log.exception("heartbeat failed", extra={"task_id": lease.task_id})
+        log.exception("heartbeat of %d lease(s) failed", len(leases))
         return
+    now = time.monotonic()
     with _lock:
-        if id(lease) in _leases:
-            _leases[id(lease)] = (lease, time.monotonic())
+        for lease in leases:
+            if (lease.task_id, lease.epoch) not in held:
+                _leases.pop(id(lease), None)
+            elif (kept_since := _leases.get(id(lease))) is not None:
+                _leases[id(lease)] = (lease, kept_since[1], now)
 
 
 def _run() -> None:
     while True:
         time.sleep(TICK_SECONDS)
-        for lease in _due():
-            _extend(lease)
+        due = _due()
+        if due:
+            extend(due)

@@ -1,0 +1,198 @@
+"""DESIGN §5, "waiting holds nothing scarce": what a step holds while its model or a tool
+works, and what its lease's heartbeat costs however many steps a process has in flight."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import replace
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event, select
+
+from shared import task_store
+from shared.db import get_engine, transaction, write_session
+from shared.models import Task
+from tests.conftest import TenantHandle
+from tests.helpers import calculator_script, scripted_task
+from workers import heartbeat, step_runner, tool_runner
+from workers.models.scripted import ScriptedProvider
+
+
+class HeldConnections:
+    """The database connections each thread of this process has checked out right now."""
+
+    def __init__(self) -> None:
+        self._held: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def checkout(self, *_: Any) -> None:
+        with self._lock:
+            self._held[threading.get_ident()] += 1
+
+    def checkin(self, *_: Any) -> None:
+        with self._lock:
+            self._held[threading.get_ident()] -= 1
+
+    def by_this_thread(self) -> int:
+        with self._lock:
+            return self._held[threading.get_ident()]
+
+
+@pytest.fixture
+def held(service_env: dict[str, str]) -> Iterator[HeldConnections]:
+    pool = get_engine().pool
+    counter = HeldConnections()
+    event.listen(pool, "checkout", counter.checkout)
+    event.listen(pool, "checkin", counter.checkin)
+    yield counter
+    event.remove(pool, "checkout", counter.checkout)
+    event.remove(pool, "checkin", counter.checkin)
+
+
+def submit(client: TestClient, tenant: TenantHandle, body: dict[str, Any]) -> str:
+    response = client.post("/v1/tasks", json=body, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def test_a_step_holds_no_database_connection_while_its_model_or_tool_works(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    held: HeldConnections,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: dict[str, list[int]] = {"model": [], "tool": []}
+    complete, execute = ScriptedProvider.complete, tool_runner.execute
+
+    def model_call(self: ScriptedProvider, request: Any) -> Any:
+        seen["model"].append(held.by_this_thread())
+        return complete(self, request)
+
+    def tool_call(*args: Any, **kwargs: Any) -> Any:
+        seen["tool"].append(held.by_this_thread())
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(ScriptedProvider, "complete", model_call)
+    monkeypatch.setattr(tool_runner, "execute", tool_call)
+    task_id = submit(client, tenant, scripted_task(calculator_script(3), tools=["calculator"]))
+
+    assert drive(task_id) == "succeeded"
+    # Three model calls and two tool calls, each made with no connection checked out.
+    assert seen == {"model": [0, 0, 0], "tool": [0, 0]}
+    assert held.by_this_thread() == 0
+
+
+def leases(task_ids: list[str], *, ttl_ms: int = 30_000) -> list[task_store.Lease]:
+    taken = []
+    with write_session() as session:
+        for task_id in task_ids:
+            lease = task_store.take_lease(
+                session, task_id, owner="test", ttl_ms=ttl_ms, step=1, max_attempts=5
+            )
+            assert isinstance(lease, task_store.Lease), lease
+            taken.append(lease)
+    return taken
+
+
+def expiries(task_ids: list[str]) -> dict[str, int]:
+    with transaction() as session:
+        rows = session.execute(
+            select(Task.id, Task.lease_expires_ms).where(Task.id.in_(task_ids))
+        ).all()
+    return {row.id: row.lease_expires_ms for row in rows}
+
+
+def test_the_heartbeat_extends_every_lease_of_a_process_in_one_statement(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    ids = [submit(client, tenant, scripted_task(calculator_script(2))) for _ in range(40)]
+    held = [replace(lease, ttl_ms=60_000) for lease in leases(ids, ttl_ms=1_000)]
+    before = expiries(ids)
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        statements.append(sql)
+
+    event.listen(get_engine(), "before_cursor_execute", count)
+    try:
+        heartbeat.extend(held)
+    finally:
+        event.remove(get_engine(), "before_cursor_execute", count)
+
+    assert len(statements) == 1, statements
+    after = expiries(ids)
+    # Taken for 1 s, each lease now runs a minute from the heartbeat: 59 s more at least.
+    assert all(after[i] >= before[i] + 59_000 for i in ids), (before, after)
+
+
+def test_the_heartbeat_drops_a_lease_that_was_lost_and_keeps_the_rest(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    ids = [submit(client, tenant, scripted_task(calculator_script(2))) for _ in range(3)]
+    old = leases(ids)
+    with transaction() as session:  # the first task's lease ran out …
+        session.get(Task, ids[0]).lease_expires_ms = 0  # type: ignore[union-attr]
+    (newer,) = leases(ids[:1])  # … and another worker took it: a new epoch
+
+    with write_session() as session:
+        extended = task_store.extend_leases(session, [*old, newer], ttl_ms=60_000)
+
+    assert extended == {(newer.task_id, newer.epoch), *((x.task_id, x.epoch) for x in old[1:])}
+
+
+def test_a_step_with_a_slow_model_leaves_the_database_pool_to_the_others(
+    client: TestClient, tenant: TenantHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many steps waiting on their models at once, in threads as a worker process runs them,
+    hold no connection among them: the pool is free for the one step that writes."""
+    waiting, release = threading.Barrier(9), threading.Event()
+    complete = ScriptedProvider.complete
+    checked_out: list[int] = []
+
+    def slow(self: ScriptedProvider, request: Any) -> Any:
+        if request.step == 1:
+            waiting.wait(timeout=60)  # all eight steps are in their model call …
+            release.wait(timeout=60)
+        return complete(self, request)
+
+    monkeypatch.setattr(ScriptedProvider, "complete", slow)
+    ids = [submit(client, tenant, scripted_task(calculator_script(2))) for _ in range(8)]
+    threads = [threading.Thread(target=step_runner.advance, args=(i, 1)) for i in ids]
+    for thread in threads:
+        thread.start()
+    waiting.wait(timeout=60)
+    checked_out.append(get_engine().pool.checkedout())  # type: ignore[attr-defined]
+    release.set()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert checked_out == [0]  # … and none of them holds a connection
+    with transaction() as session:
+        steps = session.scalars(select(Task.steps).where(Task.id.in_(ids))).all()
+    assert sorted(steps) == [1] * 8
+
+
+def test_a_step_past_its_time_limit_is_no_longer_kept_alive(
+    client: TestClient, tenant: TenantHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process's heartbeat thread may tick meanwhile: it must not extend them either.
+    monkeypatch.setattr(heartbeat, "extend", lambda leases: None)
+    stuck, running = leases(
+        [submit(client, tenant, scripted_task(calculator_script(2))) for _ in range(2)]
+    )
+    with heartbeat.kept(stuck), heartbeat.kept(running):
+        # Both were last extended a minute ago (their TTL is 30 s: due); the stuck step
+        # started longer ago than the step time limit (900 s by default).
+        for lease, started_ago in ((stuck, 901), (running, 60)):
+            _, _, extended = heartbeat._leases[id(lease)]
+            heartbeat._leases[id(lease)] = (lease, extended - started_ago, extended - 60)
+
+        due = heartbeat._due()
+
+        assert [lease.task_id for lease in due] == [running.task_id]
+        assert id(stuck) not in heartbeat._leases

@@ -1,0 +1,62 @@
+"""The step pool: a hand-off waits for a free thread, a failing step frees its thread, and a
+drain waits for the steps in flight."""
+
+from __future__ import annotations
+
+import threading
+
+from workers.step_pool import StepPool
+
+WAIT = 30.0  # a bound for the test to fail rather than hang; never reached when it passes
+
+
+def test_a_full_pool_makes_the_next_hand_off_wait_for_a_free_thread() -> None:
+    pool, release = StepPool(2), threading.Event()
+    started = threading.Semaphore(0)
+
+    def step() -> None:
+        started.release()
+        release.wait(WAIT)
+
+    pool.run(step)
+    pool.run(step)
+    assert started.acquire(timeout=WAIT) and started.acquire(timeout=WAIT)
+    handed = threading.Event()
+    third = threading.Thread(target=lambda: (pool.run(step), handed.set()))
+    third.start()
+
+    assert not handed.wait(0.3)  # both threads are busy: the third waits …
+    assert pool.busy == 2
+    release.set()
+    assert handed.wait(WAIT)  # … until one is free
+    third.join(WAIT)
+    assert pool.drain(WAIT) == 0
+
+
+def test_a_step_that_raises_frees_its_thread() -> None:
+    pool, ran = StepPool(1), threading.Event()
+
+    def broken() -> None:
+        raise RuntimeError("a bug in a step")
+
+    pool.run(broken)
+    pool.run(ran.set)  # would wait forever had the broken step kept the only thread
+
+    assert ran.wait(WAIT)
+    assert pool.drain(WAIT) == 0
+
+
+def test_drain_waits_for_the_steps_in_flight_and_says_how_many_are_left() -> None:
+    pool, release, done = StepPool(4), threading.Event(), []
+
+    def step() -> None:
+        release.wait(WAIT)
+        done.append(1)
+
+    for _ in range(3):
+        pool.run(step)
+
+    assert pool.drain(0.05) == 3  # none could finish: all three are still running
+    release.set()
+    assert pool.drain(WAIT) == 0
+    assert len(done) == 3
