@@ -86,20 +86,32 @@ def advance(
     safe as the queue: each step takes its own lease, and if this process dies between two
     steps the task is runnable with nothing holding it, which is what the sweeper looks for.
     """
-    next_step = advance_one(task_id, step)
-    while next_step is not None and go_on():
-        next_step = advance_one(task_id, next_step)
-    if next_step is not None:
-        enqueue_step(task_id, next_step)
+    carried = advance_one(task_id, step)
+    while carried is not None and go_on():
+        carried = advance_one(task_id, carried.from_step + 1, carried=carried)
+    if carried is not None:
+        enqueue_step(task_id, carried.from_step + 1)
 
 
-def advance_one(task_id: str, step: int | None) -> int | None:
-    """Run one step of ``task_id`` if it is ours to run; returns the next step when it may
-    start at once."""
+@dataclass(frozen=True)
+class Carried:
+    """The conversation up to ``from_step`` (exclusive), kept from one step to the next on
+    the same thread. Committed steps never change, so the next step reads only the rows from
+    ``from_step`` on: its cost does not grow with the task's history."""
+
+    history: list[Message]
+    from_step: int
+
+
+def advance_one(
+    task_id: str, step: int | None, *, carried: Carried | None = None
+) -> Carried | None:
+    """Run one step of ``task_id`` if it is ours to run; when the next step may start at once,
+    returns what it needs to go on here."""
     # its fields on every log line; its span in the task's trace. Each write takes a database
     # connection for its statement alone: none is held while the model or a tool works.
     with logs.bound(task_id=task_id, step=step), tracing.in_task(task_id):
-        ctx = lease_step(task_id, step)
+        ctx = lease_step(task_id, step, carried=carried)
         if ctx is None:
             return None
         lease = ctx.lease
@@ -118,7 +130,7 @@ def advance_one(task_id: str, step: int | None) -> int | None:
                 log.info("step %d %s in %.1f ms", lease.step, outcome, elapsed * 1000)
         if ctx.task.status in TaskStatus.TERMINAL:
             end_task_span(ctx.task)
-    return lease.step + 1 if outcome == "committed" else None
+    return Carried(ctx.history, lease.step) if outcome == "committed" else None
 
 
 def end_task_span(task: TaskState) -> None:
@@ -136,7 +148,7 @@ def end_task_span(task: TaskState) -> None:
     )
 
 
-def lease_step(task_id: str, step: int | None) -> Context | None:
+def lease_step(task_id: str, step: int | None, *, carried: Carried | None = None) -> Context | None:
     """Take the task's lease and read the step's context, or say why not (and come back later
     if another worker's lease may still run out).
 
@@ -146,15 +158,15 @@ def lease_step(task_id: str, step: int | None) -> Context | None:
     and comes back once it runs out.)
     """
     try:
-        return _lease_step(task_id, step)
+        return _lease_step(task_id, step, carried)
     except DBAPIError as exc:
         if not exc.connection_invalidated:
             raise
         log.info("lease for %s: connection lost, once more on a fresh one", task_id)
-        return _lease_step(task_id, step)
+        return _lease_step(task_id, step, carried)
 
 
-def _lease_step(task_id: str, step: int | None) -> Context | None:
+def _lease_step(task_id: str, step: int | None, carried: Carried | None) -> Context | None:
     settings = get_settings()
     with write_session() as session:
         lease = task_store.take_lease(
@@ -165,7 +177,7 @@ def _lease_step(task_id: str, step: int | None) -> Context | None:
             step=step,
             max_attempts=settings.max_step_attempts,
         )
-        ctx = load_context(session, lease) if isinstance(lease, Lease) else None
+        ctx = load_context(session, lease, carried=carried) if isinstance(lease, Lease) else None
     if isinstance(lease, LeaseRefused):
         log.info("no lease for %s: %s", task_id, lease.reason, extra={"task_id": task_id})
         if lease.retry_in_ms and step is not None:
@@ -317,16 +329,26 @@ def completion(lease: Lease) -> dict[str, Any]:
     }
 
 
-def load_context(session: Session, lease: Lease) -> Context:
+def load_context(session: Session, lease: Lease, *, carried: Carried | None = None) -> Context:
     """Everything the step needs, read in the lease's transaction.
 
-    A task's very first lease has no history and nothing to resume: it reads nothing more.
+    A task's very first lease has no history and nothing to resume: it reads nothing more. A
+    step that follows its predecessor on the same thread reads only that step's rows and its
+    own (the conversation before them was carried over); any other reads the whole history.
     """
     task = lease.task
     assert task is not None
-    fresh = lease.fresh  # never ran: a retried task (attempt 1 again) has rows to resume
-    steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
     agent = get_agent(task.agent)
+    steps: Sequence[Step] = []
+    calls: Sequence[ToolCall] = []
+    if lease.fresh:  # never ran: a retried task (attempt 1 again) has rows to resume
+        prior = opening(task, agent)
+    elif carried is not None and carried.from_step == lease.step - 1:
+        prior = carried.history
+        steps, calls = checkpoints.load_history(session, lease.task_id, from_step=carried.from_step)
+    else:
+        prior = opening(task, agent)
+        steps, calls = checkpoints.load_history(session, lease.task_id)
     registry = get_registry()
     tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
     done = [s for s in steps if s.number < lease.step]
@@ -336,7 +358,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         task=task,
         agent=agent,
         tools=tools,
-        history=conversation(task, agent, done, calls),
+        history=prior + step_messages(done, calls),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
         tenant_name=tenant_name(session, task.tenant_id),
@@ -356,19 +378,23 @@ def tenant_name(session: Session, tenant_id: str) -> str:
     return name
 
 
-def conversation(
-    task: TaskState, agent: Agent, steps: Sequence[Step], calls: Sequence[ToolCall]
-) -> list[Message]:
-    """Rebuild the chat from the task's input, each step's response and the ledger."""
+def opening(task: TaskState, agent: Agent) -> list[Message]:
+    """The chat before any step: the system prompt and the task's input."""
     system = "\n\n".join(p for p in (agent.system_prompt, task.instructions) if p)
     messages: list[Message] = [{"role": "system", "content": system}] if system else []
     if isinstance(task.input, str):
         messages.append({"role": "user", "content": task.input})
     else:
         messages.extend({"role": m["role"], "content": m["content"]} for m in task.input)
+    return messages
+
+
+def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Message]:
+    """Each step's response and its tool calls' outcomes, as the model reads them back."""
     by_step: dict[int, list[ToolCall]] = defaultdict(list)
     for call in calls:
         by_step[call.step_number].append(call)
+    messages: list[Message] = []
     for step in steps:
         messages.append(
             {

@@ -70,6 +70,7 @@ def test_two_workers_run_a_hundred_tasks_to_the_end(
             check_steps(response.json()["items"], task_id=task_id, n=n)
 
     received = [fleet.messages_received(i) for i in range(2)]
-    assert sum(received) >= TASKS * STEPS, received
+    # Every task reached a worker by a message; its later steps ran where its first did.
+    assert sum(received) >= TASKS, received
     # Both workers took a fair share of the messages, not just a token one.
     assert min(received) >= sum(received) // 10, received

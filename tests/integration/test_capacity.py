@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, select
 
-from shared import task_store
+from shared import checkpoints, task_store
 from shared.db import get_engine, transaction, write_session
 from shared.models import Task
 from tests.conftest import TenantHandle
@@ -196,3 +196,48 @@ def test_a_step_past_its_time_limit_is_no_longer_kept_alive(
 
         assert [lease.task_id for lease in due] == [running.task_id]
         assert id(stuck) not in heartbeat._leases
+
+
+def test_steps_that_go_on_in_place_read_only_their_own_rows_and_see_the_same_conversation(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task run step after step on one thread carries its conversation over: each step
+    reads the rows of its predecessor and its own, not the whole history, and the model is
+    asked exactly what it is asked when every step rebuilds the conversation from the rows."""
+    asked: dict[str, list[Any]] = {}
+    read_from: list[int] = []
+    complete, load_history = ScriptedProvider.complete, checkpoints.load_history
+
+    def recording(self: ScriptedProvider, request: Any) -> Any:
+        asked.setdefault(request.task_id, []).append(request.messages)
+        return complete(self, request)
+
+    def reading(session: Any, task_id: str, *, from_step: int = 1) -> Any:
+        read_from.append(from_step)
+        return load_history(session, task_id, from_step=from_step)
+
+    monkeypatch.setattr(ScriptedProvider, "complete", recording)
+    monkeypatch.setattr(checkpoints, "load_history", reading)
+    body = scripted_task(calculator_script(6), tools=["calculator"])
+    rebuilt, carried = submit(client, tenant, body), submit(client, tenant, body)
+
+    assert drive(rebuilt) == "succeeded"  # a message per step: each reads the whole history
+    assert read_from == [1] * 5
+    read_from.clear()
+    step_runner.advance(carried, 1, go_on=lambda: True)  # one message, six steps in place
+
+    assert task_row(carried).status == "succeeded"
+    assert read_from == [1, 2, 3, 4, 5]  # each step from its predecessor on
+    assert len(asked[carried]) == 6
+    assert asked[carried] == asked[rebuilt]
+
+
+def task_row(task_id: str) -> Task:
+    with transaction() as session:
+        task = session.get(Task, task_id)
+        assert task is not None
+        session.expunge(task)
+        return task
