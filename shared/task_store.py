@@ -629,9 +629,10 @@ def usage_values(*, input_tokens: int, output_tokens: int, cost_usd: float) -> d
     }
 
 
-def progress_values(lease: Lease) -> dict[str, Any]:
-    """``lease.step`` is done: free the task for the next step's message."""
-    return {
+def progress_values(lease: Lease, *, next_owner: str | None = None) -> dict[str, Any]:
+    """``lease.step`` is done: free the task for the next step's message, or, with
+    ``next_owner``, lease the next step to it in the same write (see :func:`next_lease`)."""
+    values: dict[str, Any] = {
         "steps": lease.step,
         "attempt": 0,
         "model_failures": 0,
@@ -640,6 +641,39 @@ def progress_values(lease: Lease) -> dict[str, Any]:
         "lease_expires_ms": None,
         "due_ms": FromNow(0),
     }
+    if next_owner is not None:
+        values |= {
+            "lease_epoch": Increment(1),
+            "lease_owner": next_owner,
+            "lease_expires_ms": FromNow(lease.ttl_ms),
+            "attempt": 1,
+        }
+    return values
+
+
+def next_lease(lease: Lease, task: TaskState) -> Lease | None:
+    """The lease on the next step that the write which left ``task`` took with the step's
+    completion (``progress_values(next_owner=…)``), or None if it took none.
+
+    It is a lease like any other: a new epoch, so everything the previous holder of the
+    task might still write is fenced off; its expiry on the database's clock, so if this
+    worker dies the sweeper finds the task once it runs out.
+    """
+    if task.lease_epoch != lease.epoch + 1 or task.status not in TaskStatus.RUNNABLE:
+        return None
+    assert task.lease_expires_ms is not None
+    assert task.lease_owner is not None
+    return Lease(
+        task_id=lease.task_id,
+        epoch=task.lease_epoch,
+        owner=task.lease_owner,
+        step=lease.step + 1,
+        attempt=1,
+        ttl_ms=lease.ttl_ms,
+        tenant_id=lease.tenant_id,
+        clock_ms=task.lease_expires_ms - lease.ttl_ms,
+        task=task,
+    )
 
 
 def release_values(

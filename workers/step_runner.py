@@ -66,6 +66,9 @@ class Context:
     calls: dict[str, ToolCall]
     tenant_name: str
     clock_ms: int
+    # Asked when the step completes: whether this thread goes on with the next step (then the
+    # completion leases it in the same write).
+    go_on: Callable[[], bool] = lambda: False
 
 
 def worker_id() -> str:
@@ -86,34 +89,41 @@ def advance(
     safe as the queue: each step takes its own lease, and if this process dies between two
     steps the task is runnable with nothing holding it, which is what the sweeper looks for.
     """
-    carried = advance_one(task_id, step)
-    while carried is not None and go_on():
-        carried = advance_one(task_id, carried.from_step + 1, carried=carried)
+    carried = advance_one(task_id, step, go_on=go_on)
+    while carried is not None and carried.lease is not None:
+        carried = advance_one(task_id, carried.lease.step, carried=carried, go_on=go_on)
     if carried is not None:
         enqueue_step(task_id, carried.from_step + 1)
 
 
 @dataclass(frozen=True)
 class Carried:
-    """The conversation up to ``from_step`` (exclusive), kept from one step to the next on
-    the same thread. Committed steps never change, so the next step reads only the rows from
-    ``from_step`` on: its cost does not grow with the task's history."""
+    """What the next step takes over from the one before it on the same thread: the
+    conversation up to ``from_step`` (exclusive), and the lease on the next step that the
+    completion took, if it did. Committed steps never change, so the next step reads only
+    the rows from ``from_step`` on: its cost does not grow with the task's history."""
 
     history: list[Message]
     from_step: int
+    lease: Lease | None = None
 
 
 def advance_one(
-    task_id: str, step: int | None, *, carried: Carried | None = None
+    task_id: str,
+    step: int | None,
+    *,
+    carried: Carried | None = None,
+    go_on: Callable[[], bool] = lambda: False,
 ) -> Carried | None:
-    """Run one step of ``task_id`` if it is ours to run; when the next step may start at once,
-    returns what it needs to go on here."""
+    """Run one step of ``task_id`` if it is ours to run (or leased to us by the completion
+    of the step before); when a next step may start at once, returns what it needs."""
     # its fields on every log line; its span in the task's trace. Each write takes a database
     # connection for its statement alone: none is held while the model or a tool works.
     with logs.bound(task_id=task_id, step=step), tracing.in_task(task_id):
         ctx = lease_step(task_id, step, carried=carried)
         if ctx is None:
             return None
+        ctx.go_on = go_on
         lease = ctx.lease
         with (
             logs.bound(step=lease.step, lease_epoch=lease.epoch),
@@ -130,7 +140,9 @@ def advance_one(
                 log.info("step %d %s in %.1f ms", lease.step, outcome, elapsed * 1000)
         if ctx.task.status in TaskStatus.TERMINAL:
             end_task_span(ctx.task)
-    return Carried(ctx.history, lease.step) if outcome == "committed" else None
+    if outcome != "committed":
+        return None
+    return Carried(ctx.history, lease.step, task_store.next_lease(lease, ctx.task))
 
 
 def end_task_span(task: TaskState) -> None:
@@ -149,8 +161,8 @@ def end_task_span(task: TaskState) -> None:
 
 
 def lease_step(task_id: str, step: int | None, *, carried: Carried | None = None) -> Context | None:
-    """Take the task's lease and read the step's context, or say why not (and come back later
-    if another worker's lease may still run out).
+    """Take the task's lease (unless the step before took it for us) and read the step's
+    context, or say why not (and come back later if another worker's lease may still run out).
 
     A connection that died since its last use (and was not pinged: it was back in the pool
     only a moment) fails the lease's first statement, a read; then once more on a fresh one.
@@ -167,6 +179,9 @@ def lease_step(task_id: str, step: int | None, *, carried: Carried | None = None
 
 
 def _lease_step(task_id: str, step: int | None, carried: Carried | None) -> Context | None:
+    if carried is not None and carried.lease is not None:  # leased with the last completion
+        with write_session() as session:
+            return load_context(session, carried.lease, carried=carried)
     settings = get_settings()
     with write_session() as session:
         lease = task_store.take_lease(
@@ -315,16 +330,19 @@ def run_step(ctx: Context) -> bool:
         )
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(ctx) as writes:
-            writes.write(**completion(lease))
+            writes.write(**completion(ctx))
             writes.add(checkpoints.completion(lease))
     failpoints.hit("after_step_commit")
     return False
 
 
-def completion(lease: Lease) -> dict[str, Any]:
-    """The task values and event that complete ``lease.step``."""
+def completion(ctx: Context) -> dict[str, Any]:
+    """The task values and event that complete the step; if this thread goes on with the
+    next step, the same write leases it (one statement fewer than a lease of its own)."""
+    lease = ctx.lease
+    next_owner = worker_id() if ctx.go_on() else None
     return {
-        "values": task_store.progress_values(lease),
+        "values": task_store.progress_values(lease, next_owner=next_owner),
         "events": [("step.completed", {"step": lease.step})],
     }
 
@@ -662,7 +680,7 @@ def record_outcome(
         values = task_store.terminal_values(TaskStatus.FAILED, error=end_task)
         events.append(("task.failed", task_document))
     elif last:
-        done = completion(lease)
+        done = completion(ctx)
         values, events = done["values"], events + done["events"]
     with fenced(ctx) as writes:
         writes.write(values=values, events=events)

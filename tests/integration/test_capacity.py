@@ -198,7 +198,7 @@ def test_a_step_past_its_time_limit_is_no_longer_kept_alive(
         assert id(stuck) not in heartbeat._leases
 
 
-def test_steps_that_go_on_in_place_read_only_their_own_rows_and_see_the_same_conversation(
+def test_steps_that_go_on_in_place_are_leased_by_the_step_before_and_see_the_same_chat(
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
@@ -209,7 +209,13 @@ def test_steps_that_go_on_in_place_read_only_their_own_rows_and_see_the_same_con
     asked exactly what it is asked when every step rebuilds the conversation from the rows."""
     asked: dict[str, list[Any]] = {}
     read_from: list[int] = []
+    leases_taken: list[str] = []
     complete, load_history = ScriptedProvider.complete, checkpoints.load_history
+    take_lease = task_store.take_lease
+
+    def leasing(session: Any, task_id: str, **kwargs: Any) -> Any:
+        leases_taken.append(task_id)
+        return take_lease(session, task_id, **kwargs)
 
     def recording(self: ScriptedProvider, request: Any) -> Any:
         asked.setdefault(request.task_id, []).append(request.messages)
@@ -221,6 +227,7 @@ def test_steps_that_go_on_in_place_read_only_their_own_rows_and_see_the_same_con
 
     monkeypatch.setattr(ScriptedProvider, "complete", recording)
     monkeypatch.setattr(checkpoints, "load_history", reading)
+    monkeypatch.setattr(task_store, "take_lease", leasing)
     body = scripted_task(calculator_script(6), tools=["calculator"])
     rebuilt, carried = submit(client, tenant, body), submit(client, tenant, body)
 
@@ -229,8 +236,14 @@ def test_steps_that_go_on_in_place_read_only_their_own_rows_and_see_the_same_con
     read_from.clear()
     step_runner.advance(carried, 1, go_on=lambda: True)  # one message, six steps in place
 
-    assert task_row(carried).status == "succeeded"
+    done = task_row(carried)
+    assert done.status == "succeeded"
     assert read_from == [1, 2, 3, 4, 5]  # each step from its predecessor on
+    # One lease taken; each later step was leased by its predecessor's completion, each
+    # with an epoch of its own.
+    assert leases_taken.count(carried) == 1
+    assert leases_taken.count(rebuilt) == 6
+    assert done.lease_epoch == task_row(rebuilt).lease_epoch == 6
     assert len(asked[carried]) == 6
     assert asked[carried] == asked[rebuilt]
 
