@@ -694,3 +694,9 @@ def delivery(
             "target": "p50 <= 50 ms, p99 <= 250 ms",
         },
     )
+
+
+# The load benchmarks register their commands on the app above.
+from ratchet import bench_load, bench_throughput  # noqa: E402
+
+__all__ = ["app", "bench_load", "bench_throughput"]

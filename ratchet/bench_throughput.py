@@ -1,0 +1,475 @@
+"""``ratchet bench throughput``: tasks per second through Ratchet, against a bare Celery chain.
+
+Both run in one invocation on the same Redis broker with the same number of worker processes,
+and take turns (Ratchet 1-step, chain 1-step, Ratchet 3-step, chain 3-step) so drift on a
+noisy machine hits both alike.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
+
+import typer
+
+from ratchet.bench import _cleanup, _free_port, app, emit
+
+if TYPE_CHECKING:
+    import redis
+    from celery import Celery
+
+SHAPES = (1, 3)  # steps per task (hops per chain)
+WARM_UP = 20  # tasks per system and shape first, unmeasured: imports, pools, caches
+SUBMITTERS = 4  # threads posting tasks to the API
+TARGET_RATIO = 0.5
+POLL_SECONDS = 0.1  # how often completion is looked for; the figures use recorded times
+STOP_SECONDS = 30.0
+_CALL: dict[str, Any] = {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]}
+SCRIPTS: dict[int, list[dict[str, Any]]] = {
+    1: [{"content": "done"}],
+    3: [_CALL, _CALL, {"content": "done"}],
+}
+
+
+# --- CPU, from /proc -----------------------------------------------------------------------
+
+
+def _stat_fields(pid: str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces):
+    index 1 is the parent's PID, 11 to 14 are utime, stime, cutime and cstime."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            raw = handle.read()
+    except OSError:
+        return None  # it ended while we looked
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) of ``root``, its live descendants and the children they
+    reaped: a prefork worker's whole cost, however its pool processes come and go."""
+    stats = {int(pid): _stat_fields(pid) for pid in os.listdir("/proc") if pid.isdigit()}
+    children: dict[int, list[int]] = defaultdict(list)
+    for pid, fields in stats.items():
+        if fields is not None:
+            children[int(fields[1])].append(pid)
+    ticks, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if (fields := stats.get(pid)) is not None:
+            ticks += sum(int(value) for value in fields[11:15])
+            todo += children[pid]
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU time the whole machine spent busy (all cores): the worker's share plus Postgres,
+    Redis and anything else running, which the worker's own figure leaves out."""
+    with open("/proc/stat") as handle:
+        ticks = [int(value) for value in handle.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def background_cores(seconds: float = 2.0) -> float:
+    """Cores kept busy while this bench's processes sit idle: load from elsewhere that the
+    measured runs share the machine with (a figure to read the others by)."""
+    before = machine_busy_seconds()
+    time.sleep(seconds)
+    return (machine_busy_seconds() - before) / seconds
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    """A process this bench started; its output is kept to explain a failed start or a crash."""
+
+    proc: subprocess.Popen[bytes]
+    output: IO[bytes]
+
+    def tail(self) -> str:
+        self.output.seek(0)
+        return self.output.read().decode(errors="replace")[-2000:]
+
+
+def _stop(child: Child) -> None:
+    """Terminate, then kill what is left of its process group (a worker's pool processes)."""
+    import signal
+
+    if child.proc.poll() is None:
+        child.proc.terminate()
+        with suppress(subprocess.TimeoutExpired):
+            child.proc.wait(timeout=STOP_SECONDS)
+    with suppress(ProcessLookupError):
+        os.killpg(child.proc.pid, signal.SIGKILL)
+    child.proc.wait()
+
+
+@contextmanager
+def spawned(argv: list[str], *, env: dict[str, str]) -> Iterator[Child]:
+    """``argv`` running in a process group of its own while the context lasts."""
+    with tempfile.TemporaryFile() as output:
+        proc = subprocess.Popen(
+            argv, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        child = Child(proc, output)
+        try:
+            yield child
+        finally:
+            _stop(child)
+
+
+def _wait_for(check: Callable[[], bool], *, what: str, child: Child, seconds: float) -> None:
+    """Wait until ``check()`` holds; fail, showing the end of ``child``'s output, as soon as
+    the child exits or ``seconds`` pass."""
+    deadline = time.time() + seconds
+    while not check():
+        code = child.proc.poll()
+        if code is not None or time.time() > deadline:
+            why = f"it exited ({code})" if code is not None else f"not within {seconds:.0f} s"
+            raise RuntimeError(f"{what}: {why}; its output ends:\n{child.tail()}")
+        time.sleep(POLL_SECONDS)
+
+
+@dataclass
+class Worker:
+    """A Celery worker steered by remote control: paused while a backlog is loaded, so a
+    measurement covers executing the backlog and nothing before it."""
+
+    control: Celery
+    hostname: str
+    queue: str
+    child: Child
+
+    def wait_ready(self) -> None:
+        def answers() -> bool:
+            return bool(self.control.control.ping(destination=[self.hostname], timeout=0.5))
+
+        what = f"worker {self.hostname} did not start"
+        _wait_for(answers, what=what, child=self.child, seconds=120)
+
+    def pause(self) -> None:
+        replies = self.control.control.cancel_consumer(
+            self.queue, destination=[self.hostname], reply=True
+        )
+        self._check(replies, "pause")
+
+    def resume(self) -> None:
+        replies = self.control.control.add_consumer(
+            self.queue, destination=[self.hostname], reply=True
+        )
+        self._check(replies, "resume")
+
+    def cpu_seconds(self) -> float:
+        return tree_cpu_seconds(self.child.proc.pid)
+
+    def _check(self, replies: Any, what: str) -> None:
+        if not any("ok" in reply.get(self.hostname, {}) for reply in replies or []):
+            raise RuntimeError(f"worker {self.hostname} did not {what}: {replies!r}")
+
+
+class System(Protocol):
+    """What a measurement needs of Ratchet or of the chain."""
+
+    worker: Worker
+
+    def load(self, steps: int, count: int) -> None: ...
+
+    def done(self) -> bool: ...
+
+    def outcome(self) -> dict[str, Any]:
+        """Figures of the run just done, with ``ended_at``: when its last task finished."""
+        ...
+
+
+# --- Ratchet -----------------------------------------------------------------------------
+
+
+def _post_many(url: str, key: str, body: dict[str, Any], count: int) -> list[str]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        ids = []
+        for _ in range(count):
+            response = client.post("/v1/tasks", json=body)
+            response.raise_for_status()
+            ids.append(response.json()["id"])
+    return ids
+
+
+@dataclass
+class Ratchet:
+    """Ratchet's API and one worker; tasks go in over HTTP, completion is read from Postgres."""
+
+    worker: Worker
+    url: str
+    key: str
+    ids: list[str] = field(default_factory=list)
+    submit_per_s: float = 0.0
+
+    def load(self, steps: int, count: int) -> None:
+        body: dict[str, Any] = {
+            "input": "benchmark",
+            "model": "scripted",
+            "model_options": {"script": SCRIPTS[steps]},
+        }
+        if steps > 1:
+            body["tools"] = ["calculator"]
+        each, extra = divmod(count, SUBMITTERS)
+        shares = [each + (i < extra) for i in range(SUBMITTERS)]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(SUBMITTERS) as pool:
+            batches = pool.map(partial(_post_many, self.url, self.key, body), shares)
+            self.ids = [task_id for batch in batches for task_id in batch]
+        self.submit_per_s = count / (time.perf_counter() - started)
+
+    def done(self) -> bool:
+        from sqlalchemy import func, select
+
+        from shared.db import transaction
+        from shared.models import Task, TaskStatus
+
+        terminal = Task.id.in_(self.ids) & Task.status.in_(TaskStatus.TERMINAL)
+        with transaction() as session:
+            return session.scalar(select(func.count()).where(terminal)) == len(self.ids)
+
+    def outcome(self) -> dict[str, Any]:
+        """Fails when a task did not succeed: a rate of failures would mean nothing."""
+        from sqlalchemy import select
+
+        from shared.db import transaction
+        from shared.models import Task, TaskStatus
+
+        query = select(Task.status, Task.steps, Task.finished_at).where(Task.id.in_(self.ids))
+        with transaction() as session:
+            rows = session.execute(query).all()
+        statuses = Counter(row.status for row in rows)
+        if statuses[TaskStatus.SUCCEEDED] != len(self.ids):
+            raise RuntimeError(f"not every task succeeded: {dict(statuses)}")
+        return {
+            "ended_at": max(row.finished_at for row in rows).timestamp(),
+            "steps_per_task": sum(row.steps for row in rows) / len(rows),
+            "submit_per_s": self.submit_per_s,
+        }
+
+
+def _bench_tenant_and_key() -> tuple[str, str]:
+    from shared.db import transaction
+    from shared.tenants import create_key, create_tenant
+
+    with transaction() as session:
+        tenant = create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}")
+        return tenant.id, create_key(session, tenant, ("tasks:read", "tasks:write"))
+
+
+def start_ratchet(stack: ExitStack, run: str, *, key: str, processes: int) -> Ratchet:
+    """``ratchet api`` and ``ratchet worker`` on a queue of this run's own, the worker paused."""
+    import httpx
+
+    from shared.queue import get_celery
+
+    env = {**os.environ, "RATCHET_QUEUE_NAME": f"bench-{run}"}
+    command, port = [sys.executable, "-m", "ratchet"], _free_port()
+    api = stack.enter_context(spawned([*command, "api", "--port", str(port)], env=env))
+    hostname = f"ratchet-{run}@bench"
+    options = ["--concurrency", str(processes), "--loglevel", "WARNING", "--hostname", hostname]
+    child = stack.enter_context(spawned([*command, "worker", *options], env=env))
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    _wait_for(ready, what="ratchet api did not start", child=api, seconds=60)
+    worker = Worker(get_celery(), hostname, env["RATCHET_QUEUE_NAME"], child)
+    worker.wait_ready()
+    return Ratchet(worker, url, key)
+
+
+# --- the chain ---------------------------------------------------------------------------
+
+
+@dataclass
+class Chain:
+    """Bare Celery chains; each notes its end time in a Redis list."""
+
+    worker: Worker
+    count: int = 0
+
+    def load(self, steps: int, count: int) -> None:
+        from ratchet.bench_chain import done_key, send_hop
+
+        _redis().delete(done_key(self.worker.queue))
+        for number in range(count):
+            send_hop(str(number), steps - 1, queue=self.worker.queue)
+        self.count = count
+
+    def done(self) -> bool:
+        from ratchet.bench_chain import done_key
+
+        return cast(int, _redis().llen(done_key(self.worker.queue))) >= self.count
+
+    def outcome(self) -> dict[str, Any]:
+        from ratchet.bench_chain import done_key
+
+        ends = cast(list[bytes], _redis().lrange(done_key(self.worker.queue), 0, -1))
+        return {"ended_at": max(float(end) for end in ends), "completed": len(ends)}
+
+
+@lru_cache
+def _redis() -> redis.Redis:
+    import redis
+
+    from shared.settings import get_settings
+
+    return redis.Redis.from_url(get_settings().redis_url)
+
+
+def start_chain(stack: ExitStack, run: str, *, processes: int) -> Chain:
+    """The chain's worker, with the options Ratchet's worker runs with, paused."""
+    from ratchet.bench_chain import app as chain_app
+
+    queue, hostname = f"bench-chain-{run}", f"chain-{run}@bench"
+    argv = [sys.executable, "-m", "celery", "-A", "ratchet.bench_chain", "worker"]
+    argv += ["--pool", "prefork", "--concurrency", str(processes), "--prefetch-multiplier", "1"]
+    argv += ["-Q", queue, "--hostname", hostname, "--loglevel", "WARNING"]
+    argv += ["--without-gossip", "--without-mingle"]
+    child = stack.enter_context(spawned(argv, env={**os.environ, "RATCHET_QUEUE_NAME": queue}))
+    worker = Worker(chain_app, hostname, queue, child)
+    worker.wait_ready()
+    return Chain(worker)
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+
+def measure(system: System, steps: int, *, count: int, timeout: float) -> dict[str, Any]:
+    """Load ``count`` tasks of ``steps`` steps while the worker is paused, then time it from
+    resuming to the last task's end; CPU is counted over the same span."""
+    system.worker.pause()
+    system.load(steps, count)
+    cpu, machine = system.worker.cpu_seconds(), machine_busy_seconds()
+    started = time.time()
+    system.worker.resume()
+    what = f"{count} tasks of {steps} steps did not finish"
+    _wait_for(system.done, what=what, child=system.worker.child, seconds=timeout)
+    cpu, machine = system.worker.cpu_seconds() - cpu, machine_busy_seconds() - machine
+    figures = system.outcome()
+    seconds = figures.pop("ended_at") - started
+    return {
+        "tasks_per_s": count / seconds,
+        "seconds": seconds,
+        "worker_cpu_ms_per_step": 1000 * cpu / (count * steps),
+        "machine_cpu_ms_per_step": 1000 * machine / (count * steps),
+        # well under the core count: the run waited on something other than CPU
+        "machine_busy_cores": machine / seconds,
+        **figures,
+    }
+
+
+def compare(
+    ratchet: Ratchet, chain: Chain, *, tasks: int, rounds: int, timeout: float
+) -> dict[str, Any]:
+    """Every shape on both systems after a warm-up, taking turns, ``rounds`` times."""
+    systems = (("ratchet", ratchet), ("chain", chain))
+    for _, system in systems:
+        for steps in SHAPES:
+            measure(system, steps, count=WARM_UP, timeout=timeout)
+    report: dict[str, Any] = {"background_cores_before": background_cores()}
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for _ in range(rounds):
+        for steps in SHAPES:
+            for name, system in systems:
+                runs[name, steps].append(measure(system, steps, count=tasks, timeout=timeout))
+    for steps in SHAPES:
+        report[f"{steps}_step"] = verdict(runs["ratchet", steps], runs["chain", steps])
+    report["background_cores_after"] = background_cores()
+    return report
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median rate (whole, so its figures agree), and every run's rate."""
+    middle = sorted(runs, key=lambda run: run["tasks_per_s"])[len(runs) // 2]
+    return {**middle, "rounds_tasks_per_s": [run["tasks_per_s"] for run in runs]}
+
+
+def verdict(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ratchet's median run against the chain's, and whether it meets the target."""
+    mine, baseline = _median(ours), _median(theirs)
+    ratio = mine["tasks_per_s"] / baseline["tasks_per_s"]
+    return {
+        "ratchet": mine,
+        "chain": baseline,
+        "ratio": ratio,
+        "meets_target": ratio >= TARGET_RATIO,
+    }
+
+
+def _forget(run: str) -> None:
+    """Delete the Redis keys this run made: its queues, their bindings, the chain's ends."""
+    from ratchet.bench_chain import done_key
+
+    client = _redis()
+    for queue in (f"bench-{run}", f"bench-{run}.webhooks", f"bench-chain-{run}"):
+        client.delete(
+            queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}", done_key(queue)
+        )
+
+
+@app.command()
+def throughput(
+    tasks: int = typer.Option(300, help="tasks (and chains) per shape"),
+    processes: int = typer.Option(2, help="worker processes, the same for both"),
+    rounds: int = typer.Option(3, help="measured runs of each; the median run is reported"),
+    timeout: float = typer.Option(120.0, help="seconds one measured run may take"),
+) -> None:
+    """Tasks/s of 1-step and 3-step tasks through Ratchet vs a bare Celery chain.
+
+    Ratchet: ``ratchet api`` and ``ratchet worker`` (scripted model, answering at once; the
+    3-step task makes two calculator calls). The chain: one Celery task sending the next hop
+    until the chain's last, with Ratchet's Celery settings, on the same broker with as many
+    processes. Before each measured run the worker is paused (remote control) and all its
+    tasks are loaded: Ratchet's through the HTTP API, the chains' first hops straight to the
+    broker. The span runs from resuming the worker to the last task's recorded end, so it
+    is execution alone on both sides: HTTP submission is reported apart (``submit_per_s``),
+    since a client submitting while the workers run would share their cores. CPU per step
+    is counted over the span: the worker's process tree, and the machine as a whole
+    (Postgres, Redis and any other load included; ``background_cores`` is that other load,
+    sampled while everything here sits idle).
+
+    After a warm-up, each shape runs ``--rounds`` times on both, taking turns; the median run
+    of each is reported, and the ratio is of the medians.
+    """
+    from shared.db import get_engine, require_migrated
+
+    if get_engine().dialect.name != "postgresql":
+        raise typer.BadParameter("set RATCHET_DATABASE_URL to a PostgreSQL database")
+    require_migrated()
+    run = uuid.uuid4().hex[:8]
+    tenant_id, key = _bench_tenant_and_key()
+    try:
+        with ExitStack() as stack:
+            ratchet = start_ratchet(stack, run, key=key, processes=processes)
+            chain = start_chain(stack, run, processes=processes)
+            report = compare(ratchet, chain, tasks=tasks, rounds=rounds, timeout=timeout)
+    finally:
+        _cleanup(tenant_id)
+        _forget(run)
+    target = f">= {TARGET_RATIO}x the raw Celery chain"
+    emit("throughput", {"processes": processes, "tasks": tasks, **report, "target": target})

@@ -1,0 +1,168 @@
+"""An OpenAI-compatible chat-completions server that answers after a fixed latency.
+
+For load benchmarks: it stands in for a slow provider so that what is measured is how many
+calls Ratchet keeps in flight, not how fast a real model is. Each request sleeps on the event
+loop, so hundreds of concurrent calls cost it almost no CPU (a raw ASGI app under uvicorn,
+with no framework in the way)::
+
+    python -m ratchet.llm_stub --port 9100 --latency-ms 2000 --tool-steps 2
+
+``POST /v1/chat/completions`` asks for one ``calculator`` tool call while the conversation
+holds fewer than ``--tool-steps`` tool results, then answers "done". ``GET /stats`` reports
+the calls in flight now and at peak, the calls completed and the seconds they took in all;
+``POST /stats/reset`` zeroes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+COMPLETIONS_PATH = "/v1/chat/completions"
+TOOL_ARGUMENTS = json.dumps({"expression": "6*7"})
+
+
+@dataclass
+class Stats:
+    """What the benchmark reads back: concurrency as the provider saw it."""
+
+    in_flight: int = 0
+    peak: int = 0
+    calls: int = 0
+    busy_seconds: float = 0.0
+
+    def started(self) -> None:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+
+    def finished(self, seconds: float) -> None:
+        self.in_flight -= 1
+        self.calls += 1
+        self.busy_seconds += seconds
+
+    def reset(self) -> None:
+        """Zero the counters; calls still in flight stay counted as in flight."""
+        self.peak, self.calls, self.busy_seconds = self.in_flight, 0, 0.0
+
+
+def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """About four characters a token, plus a few per message: plausible, not exact."""
+    return sum(4 + len(str(m.get("content") or "")) // 4 for m in messages)
+
+
+def completion(request: dict[str, Any], *, tool_steps: int, number: int) -> dict[str, Any]:
+    """The reply to one chat-completions request, in the shape the official SDK parses."""
+    messages = list(request.get("messages") or [])
+    tool_results = sum(m.get("role") == "tool" for m in messages)
+    message: dict[str, Any] = {"role": "assistant", "content": "done", "refusal": None}
+    finish_reason, completion_tokens = "stop", 1
+    if tool_results < tool_steps:
+        call_id = f"call_{uuid.uuid4().hex[:24]}"
+        function = {"name": "calculator", "arguments": TOOL_ARGUMENTS}
+        message["content"] = None
+        message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
+        finish_reason, completion_tokens = "tool_calls", 12
+    prompt_tokens = _prompt_tokens(messages)
+    return {
+        "id": f"chatcmpl-stub-{number}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": str(request.get("model") or "stub"),
+        "choices": [
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+class Stub:
+    """The ASGI app: one instance holds the latency, the script length and the counters."""
+
+    def __init__(self, *, latency_s: float, tool_steps: int) -> None:
+        self.latency_s = latency_s
+        self.tool_steps = tool_steps
+        self.stats = Stats()
+        self._numbers = itertools.count(1)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # lifespan and websockets: nothing to set up, nothing to serve
+        body = await _read_body(receive)
+        route = (scope["method"], scope["path"])
+        if route == ("POST", COMPLETIONS_PATH):
+            await _send_json(send, 200, await self._complete(body))
+        elif route == ("GET", "/stats"):
+            await _send_json(send, 200, asdict(self.stats))
+        elif route == ("POST", "/stats/reset"):
+            self.stats.reset()
+            await _send_json(send, 200, asdict(self.stats))
+        else:
+            await _send_json(send, 404, {"error": {"message": f"no route {route}"}})
+
+    async def _complete(self, body: bytes) -> dict[str, Any]:
+        started = time.monotonic()
+        self.stats.started()
+        try:
+            await asyncio.sleep(self.latency_s)
+            request = json.loads(body or b"{}")
+            return completion(request, tool_steps=self.tool_steps, number=next(self._numbers))
+        finally:
+            self.stats.finished(time.monotonic() - started)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    data = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--latency-ms", type=float, default=2000.0)
+    parser.add_argument("--tool-steps", type=int, default=2)
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    stub = Stub(latency_s=args.latency_ms / 1000, tool_steps=args.tool_steps)
+    # A backlog deep enough for every benchmark client to connect at once.
+    uvicorn.run(
+        stub,
+        host=args.host,
+        port=args.port,
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        backlog=4096,
+    )
+
+
+if __name__ == "__main__":
+    main()
