@@ -69,17 +69,26 @@ def encoding_for(model: str) -> tiktoken.Encoding | None:
     provider, _, name = model.partition(":")
     if provider != "openai":
         return None
-    import tiktoken.model
-
     fallback = bundled()  # loaded before any fetch can hold tiktoken's lock
-    try:
-        wanted = tiktoken.model.encoding_name_for_model(name)
-    except KeyError:
+    wanted = _encoding_name(name)
+    if wanted is None:
         return fallback
     exact = _exact.get(wanted)
     if exact is None and wanted != "cl100k_base":
         _fetch_in_background(wanted)
     return exact or fallback
+
+
+@lru_cache(maxsize=256)
+def _encoding_name(model_name: str) -> str | None:
+    """tiktoken's encoding for a model name, looked up once per name (tiktoken tries every
+    known prefix in turn, which costs more than counting a short prompt)."""
+    import tiktoken.model
+
+    try:
+        return tiktoken.model.encoding_name_for_model(model_name)
+    except KeyError:
+        return None
 
 
 @lru_cache(maxsize=1)

@@ -13,6 +13,7 @@ from workers.models.base import (
     Message,
     ModelRequest,
     ModelResponse,
+    Sharded,
     ToolCallRequest,
     parse_retry_after,
 )
@@ -77,7 +78,15 @@ def map_error(exc: anthropic.AnthropicError) -> Exception:
 
 class AnthropicProvider:
     @cached_property
+    def clients(self) -> Sharded[anthropic.Anthropic]:
+        return Sharded(self._new_client)
+
+    @property
     def client(self) -> anthropic.Anthropic:
+        """The SDK client of this thread's group."""
+        return self.clients.get()
+
+    def _new_client(self) -> anthropic.Anthropic:
         settings = get_settings()
         key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
         return anthropic.Anthropic(

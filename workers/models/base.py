@@ -8,13 +8,43 @@ carry ``tool_call_id`` and ``name``. Providers translate to and from their wire 
 from __future__ import annotations
 
 import email.utils
+import itertools
 import json
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 Message = dict[str, Any]
+Client = TypeVar("Client")
+CLIENT_SHARDS = 16
+
+
+class Sharded(Generic[Client]):
+    """A few SDK clients, each shared by a group of threads (a thread keeps the one it was
+    given first). The HTTP connection pool under the SDKs (httpcore) does work quadratic in
+    its connections for every request, so one pool for the hundreds of calls a process has in
+    flight would spend more CPU than the calls; sixteen pools of a few dozen do not."""
+
+    def __init__(self, make: Callable[[], Client], shards: int = CLIENT_SHARDS) -> None:
+        self._make = make
+        self._shards: list[Client | None] = [None] * shards
+        self._turn = itertools.count()
+        self._mine = threading.local()
+        self._lock = threading.Lock()
+
+    def get(self) -> Client:
+        index = getattr(self._mine, "index", None)
+        if index is None:
+            index = self._mine.index = next(self._turn) % len(self._shards)
+        client = self._shards[index]
+        if client is None:
+            with self._lock:
+                client = self._shards[index]
+                if client is None:
+                    client = self._shards[index] = self._make()
+        return client
 
 
 @dataclass(frozen=True)

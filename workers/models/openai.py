@@ -10,6 +10,7 @@ import json
 from functools import cached_property
 from typing import Any
 
+import httpx
 import openai
 
 from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
@@ -18,6 +19,7 @@ from workers.models.base import (
     Message,
     ModelRequest,
     ModelResponse,
+    Sharded,
     ToolCallRequest,
     parse_arguments,
     parse_retry_after,
@@ -93,7 +95,15 @@ def map_error(exc: openai.OpenAIError) -> Exception:
 
 class OpenAIProvider:
     @cached_property
+    def clients(self) -> Sharded[openai.OpenAI]:
+        return Sharded(self._new_client)
+
+    @property
     def client(self) -> openai.OpenAI:
+        """The SDK client of this thread's group."""
+        return self.clients.get()
+
+    def _new_client(self) -> openai.OpenAI:
         settings = get_settings()
         key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
         return openai.OpenAI(
@@ -117,27 +127,39 @@ class OpenAIProvider:
                 }
                 for t in request.tools
             ]
+        body = {"model": request.model, "messages": to_openai_messages(request.messages)}
         try:
-            completion = self.client.chat.completions.create(
-                model=request.model,
-                messages=to_openai_messages(request.messages),  # type: ignore[arg-type]
-                **options,
-            )
+            # The SDK's own HTTP layer (auth, timeouts, error mapping), without the typed
+            # request and response models of ``chat.completions.create``: walking a long
+            # conversation through them costs more CPU than the rest of the step.
+            raw = self.client.post("/chat/completions", cast_to=httpx.Response, body=body | options)
+            completion = raw.json()
         except openai.OpenAIError as exc:
             raise map_error(exc) from exc
-        if not completion.choices:
-            raise ModelPermanentError("the model provider returned no choices")
-        message = completion.choices[0].message
-        calls = []
-        for call in message.tool_calls or []:
-            if call.type != "function":
-                continue
-            arguments, invalid = parse_arguments(call.function.arguments)
-            calls.append(ToolCallRequest(call.id, call.function.name, arguments, invalid))
-        usage = completion.usage
-        return ModelResponse(
-            content=message.content,
-            tool_calls=calls,
-            input_tokens=usage.prompt_tokens if usage else 0,
-            output_tokens=usage.completion_tokens if usage else 0,
+        except ValueError as exc:
+            raise ModelPermanentError(f"the model provider answered with bad JSON: {exc}") from exc
+        return parse_completion(completion)
+
+
+def parse_completion(completion: Any) -> ModelResponse:
+    """A chat completion's first choice, as Ratchet's response."""
+    choices = completion.get("choices") if isinstance(completion, dict) else None
+    if not choices:
+        raise ModelPermanentError("the model provider returned no choices")
+    message = choices[0].get("message") or {}
+    calls = []
+    for call in message.get("tool_calls") or []:
+        if call.get("type", "function") != "function":
+            continue
+        function = call.get("function") or {}
+        arguments, invalid = parse_arguments(function.get("arguments"))
+        calls.append(
+            ToolCallRequest(call.get("id", ""), function.get("name", ""), arguments, invalid)
         )
+    usage = completion.get("usage") or {}
+    return ModelResponse(
+        content=message.get("content"),
+        tool_calls=calls,
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+    )
