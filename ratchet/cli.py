@@ -105,7 +105,7 @@ def worker(
     Each process runs up to --threads steps at once: a step waiting on its model or a tool
     holds one thread and no database connection, so a 2-core host with the defaults keeps
     about 500 model calls in flight and holds at most --concurrency × (RATCHET_DB_POOL_SIZE +
-    RATCHET_DB_POOL_OVERFLOW) + 2 PostgreSQL connections (18 with the defaults).
+    RATCHET_DB_POOL_OVERFLOW + 1) + 2 PostgreSQL connections (18 with the defaults).
     """
     # SIGTERM (what deploys send) becomes Celery's soft shutdown: running steps get
     # RATCHET_SHUTDOWN_GRACE_SECONDS, then their messages go back on the queue. Celery reads

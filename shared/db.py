@@ -59,7 +59,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int | None = None, max_overflow: int | None = None
+) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -77,8 +79,8 @@ def make_engine(url: str) -> Engine:
     # what a host holds whatever the number of tasks in flight.
     engine = create_engine(
         url,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_overflow,
+        pool_size=settings.db_pool_size if pool_size is None else pool_size,
+        max_overflow=settings.db_pool_overflow if max_overflow is None else max_overflow,
         pool_recycle=1800,
         connect_args={
             "options": f"-c idle_in_transaction_session_timeout={idle_ms}"
@@ -120,21 +122,27 @@ def _ping_on_checkout(engine: Engine) -> Any:
     return ping
 
 
-_engines: dict[tuple[str, int], Engine] = {}
+_engines: dict[tuple[str, int, bool], Engine] = {}
 
 
-def get_engine() -> Engine:
-    """The process's engine. Keyed on the PID so a forked Celery child never shares sockets."""
-    key = (get_settings().effective_database_url, os.getpid())
+def get_engine(*, heartbeat: bool = False) -> Engine:
+    """The process's engine. Keyed on the PID so a forked Celery child never shares sockets.
+
+    ``heartbeat``: the lease heartbeat's own engine, one connection: the heartbeat must never
+    queue for a connection behind the hundreds of steps a process may be writing for, or the
+    leases it keeps could run out while it waits.
+    """
+    key = (get_settings().effective_database_url, os.getpid(), heartbeat)
     engine = _engines.get(key)
     if engine is None:
-        engine = _engines.setdefault(key, make_engine(key[0]))
+        sizes = {"pool_size": 1, "max_overflow": 0} if heartbeat else {}
+        engine = _engines.setdefault(key, make_engine(key[0], **sizes))
     return engine
 
 
 def reset_engines() -> None:
     """Forget every engine; this process's own are closed, a parent's are left alone."""
-    for (_, pid), engine in list(_engines.items()):
+    for (_, pid, _), engine in list(_engines.items()):
         engine.dispose(close=pid == os.getpid())
     _engines.clear()
     _sessionmakers.clear()
@@ -160,15 +168,15 @@ def transaction() -> Iterator[Session]:
 
 
 @contextmanager
-def write_session() -> Iterator[Session]:
+def write_session(*, heartbeat: bool = False) -> Iterator[Session]:
     """A session for writes that are each one atomic statement (see shared.batch).
 
     On PostgreSQL it runs in autocommit: each statement commits on its own, which saves the
     round trips of BEGIN and COMMIT. Elsewhere it is an ordinary transaction, committed at
     the end, in which a batch runs as several statements. Either way the connection goes
-    back to the pool when the block ends.
+    back to the pool when the block ends. ``heartbeat``: on the heartbeat's own connection.
     """
-    engine = get_engine()
+    engine = get_engine(heartbeat=heartbeat)
     if engine.dialect.name != "postgresql":
         with transaction() as session:
             yield session

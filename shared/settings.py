@@ -48,9 +48,10 @@ class Settings(BaseSettings):
     # Steps one worker process runs at once: a step waiting on its model or a tool holds one
     # of these threads and nothing scarcer (no database connection, no Celery slot).
     worker_threads: int = Field(256, ge=1, le=4096)
-    # Database connections per process (the pool, and how far past it a burst may go).
+    # Database connections per process (the pool, and how far past it a burst may go); the
+    # lease heartbeat has one more of its own.
     db_pool_size: int = Field(6, ge=1, le=100)
-    db_pool_overflow: int = Field(2, ge=0, le=100)
+    db_pool_overflow: int = Field(1, ge=0, le=100)
     sweep_interval_seconds: float = Field(5.0, gt=0)
     sweep_grace_seconds: float = Field(30.0, ge=0)
 

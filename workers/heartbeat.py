@@ -2,8 +2,9 @@
 
 The heartbeat covers a step's long waits (a model call, a tool) by extending every lease that
 has not been extended for a third of its TTL, all of them in one statement: however many
-steps a process has in flight, a tick costs one round trip and holds a connection only for
-it. A lease found lost is dropped here, and the step's next write stops the step.
+steps a process has in flight, a tick costs one round trip, on a connection of its own so
+that it never waits behind the steps' writes for one. A lease found lost is dropped here,
+and the step's next write stops the step.
 
 A step that runs past ``RATCHET_STEP_TIME_LIMIT_SECONDS`` (stuck in a call that never
 returns) is no longer kept alive: its lease runs out, another worker resumes the task from its
@@ -82,7 +83,8 @@ def extend(leases: list[Lease]) -> None:
 
 def _extend_batch(leases: list[Lease], *, ttl_ms: int) -> None:
     try:
-        with write_session() as session:  # one statement: no transaction left open
+        # One statement (no transaction left open), on a connection of the heartbeat's own.
+        with write_session(heartbeat=True) as session:
             held = task_store.extend_leases(session, leases, ttl_ms=ttl_ms)
     except Exception:
         log.exception("heartbeat of %d lease(s) failed", len(leases))

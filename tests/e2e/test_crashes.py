@@ -14,6 +14,7 @@ agents' tools.
 from __future__ import annotations
 
 import abc
+import bisect
 import contextlib
 import itertools
 import json
@@ -412,15 +413,83 @@ def test_chaos_kills_lose_no_task_and_repeat_no_side_effect(
                 timelines = {task_id: timeline(http, task_id) for task_id in labels}
 
     assert len(killer.kills) >= CHAOS_KILLS // 2, killer.kills
-    assert Counter(t["status"] for t in tasks.values()) == {"succeeded": CHAOS_TASKS}, [
+    check_chaos_run(
+        tasks,
+        labels,
+        timelines,
+        receiver=receiver,
+        agent=agent,
+        killer=killer,
+        tool_steps=CHAOS_TOOL_STEPS,
+    )
+
+
+SLOW_TASKS = 500
+SLOW_MODEL_SECONDS = 2.0
+SLOW_KILLS = 3
+
+
+def most_in_flight(asked: Mapping[tuple[str, int], list[Asked]], *, lasting: float) -> int:
+    """The most model calls that were in flight at once, at least: each lasted ``lasting``."""
+    arrivals = sorted(a.at for requests in asked.values() for a in requests)
+    return max(
+        bisect.bisect_right(arrivals, at) - bisect.bisect_left(arrivals, at - lasting + 0.001)
+        for at in arrivals
+    )
+
+
+def test_chaos_with_hundreds_of_tasks_in_flight_on_a_slow_model(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    """Two worker processes, each running its steps on a pool of threads, keep hundreds of
+    slow model calls in flight; killing a worker kills hundreds of steps at once, and every
+    one of them resumes elsewhere: every task succeeds, no side effect twice."""
+    with WebhookReceiver() as receiver:
+        agent = PostingAgent(receiver, tool_steps=2, delay=SLOW_MODEL_SECONDS)
+        with OpenAIServer(responder=agent) as llm:
+            # A longer lease than the other crash tests: a busy 2-core machine must not starve
+            # the heartbeats of 500 steps into losing a lease that no kill ended.
+            env = {**FAST, **model_env(llm), "RATCHET_SWEEP_GRACE_SECONDS": "3"}
+            env["RATCHET_LEASE_TTL_SECONDS"] = "8"
+            fleet = stack(workers=2, concurrency=1, env=env)
+            with fleet.client(headers=tenant.headers) as http:
+                bodies = {f"s{n}": posting_task(f"s{n}") for n in range(SLOW_TASKS)}
+                labels = submit_all(http, bodies)
+                with Killer(fleet, every=6.0, limit=SLOW_KILLS) as killer:
+                    tasks = wait_all(http, None, labels, timeout=240)
+                timelines = {task_id: timeline(http, task_id) for task_id in labels}
+
+    assert len(killer.kills) >= 1, killer.kills
+    check_chaos_run(
+        tasks, labels, timelines, receiver=receiver, agent=agent, killer=killer, tool_steps=2
+    )
+    # Far more calls in flight at once than the fleet has processes (a step waiting on its
+    # model holds a thread, not a process).
+    assert most_in_flight(agent.asked(), lasting=SLOW_MODEL_SECONDS) >= 100
+
+
+def check_chaos_run(
+    tasks: Mapping[str, dict[str, Any]],
+    labels: Mapping[str, str],
+    timelines: Mapping[str, list[dict[str, Any]]],
+    *,
+    receiver: WebhookReceiver,
+    agent: PostingAgent,
+    killer: Killer,
+    tool_steps: int,
+) -> None:
+    """Every task succeeded; every side effect reached the receiver, more than once only
+    across a kill (and then with the same key, counted by the ledger); every model call was
+    made again only across a kill, and the answer committed is the last one asked for."""
+    assert Counter(t["status"] for t in tasks.values()) == {"succeeded": len(labels)}, [
         t for t in tasks.values() if t["status"] != "succeeded"
     ]
     deliveries = receiver.by_header(KEY)
     expected_keys = set()
     for task_id, label in labels.items():
         steps = timelines[task_id]
-        check_no_duplicates(task_id, steps, expected_steps=CHAOS_TOOL_STEPS + 1)
-        for step in steps[:CHAOS_TOOL_STEPS]:
+        check_no_duplicates(task_id, steps, expected_steps=tool_steps + 1)
+        for step in steps[:tool_steps]:
             [call] = step["tool_calls"]
             key = f"{task_id}:{step['number']}-0"
             expected_keys.add(key)

@@ -266,6 +266,7 @@ class OpenAIServer:
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024  # hundreds of workers' threads may connect at once
     fake: OpenAIServer
 
 

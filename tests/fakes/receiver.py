@@ -48,6 +48,7 @@ class Received:
 
 
 class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # hundreds of workers' threads may connect at once
     daemon_threads = True
     receiver: WebhookReceiver
 
