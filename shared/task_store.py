@@ -170,11 +170,18 @@ def create_task(
         request_hash=request_hash,
         due_ms=now_ms(),
         deadline_ms=now_ms() + int(spec.deadline_seconds * 1000) if spec.deadline_seconds else None,
+        last_event_seq=1,  # task.queued, logged below
     )
     session.add(task)
-    session.flush()
-    session.refresh(task)
-    _log_event(session, task, "task.queued", deliveries)
+    session.flush()  # the row first: the event references it
+    queued = insert_events(
+        session,
+        [("task.queued", task_document)],
+        task=task,
+        subscriptions=outbox.subscriptions_for(session, task),
+    )
+    if deliveries is not None:
+        deliveries.extend(queued)
     return task
 
 

@@ -118,11 +118,12 @@ def test_the_heartbeat_extends_every_lease_of_a_process_in_one_statement(
     def count(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
         statements.append(sql)
 
-    event.listen(get_engine(), "before_cursor_execute", count)
+    engine = get_engine(heartbeat=True)  # a connection of its own, never queued behind steps
+    event.listen(engine, "before_cursor_execute", count)
     try:
         heartbeat.extend(held)
     finally:
-        event.remove(get_engine(), "before_cursor_execute", count)
+        event.remove(engine, "before_cursor_execute", count)
 
     assert len(statements) == 1, statements
     after = expiries(ids)
