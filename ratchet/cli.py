@@ -40,7 +40,9 @@ def _err(message: str) -> None:
 def dev(
     host: str = "127.0.0.1",
     port: int = 8000,
-    concurrency: Annotated[int, typer.Option(help="worker threads")] = 4,
+    concurrency: Annotated[
+        int, typer.Option(help="Celery threads taking messages (steps run on the step pool)")
+    ] = 4,
 ) -> None:
     """Run everything in one process: SQLite, an in-process queue, the API and a worker."""
     from ratchet import embedded
@@ -84,7 +86,17 @@ def _share_api_metrics() -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
 
 
-@app.command()
+WORKER_HELP = (
+    "Run a Celery worker that advances tasks, a step at a time.\n\n"
+    "Each process runs up to --threads steps at once. A step waiting on its model or a tool "
+    "holds one thread and no database connection, so a 2-CPU host with the defaults keeps "
+    "about 500 model calls in flight.\n\n"
+    "A host holds at most --concurrency × (RATCHET_DB_POOL_SIZE + RATCHET_DB_POOL_OVERFLOW + 1) "
+    "+ 2 PostgreSQL connections: 18 on a 2-CPU host with the defaults."
+)
+
+
+@app.command(help=WORKER_HELP)
 def worker(
     concurrency: Annotated[
         int, typer.Option(help="worker processes (default: one per CPU)", show_default=False)
@@ -100,13 +112,6 @@ def worker(
     loglevel: Annotated[str | None, typer.Option(help="default: RATCHET_LOG_LEVEL")] = None,
     hostname: str | None = None,
 ) -> None:
-    """Run a Celery worker that advances tasks one step per message.
-
-    Each process runs up to --threads steps at once: a step waiting on its model or a tool
-    holds one thread and no database connection, so a 2-core host with the defaults keeps
-    about 500 model calls in flight and holds at most --concurrency × (RATCHET_DB_POOL_SIZE +
-    RATCHET_DB_POOL_OVERFLOW + 1) + 2 PostgreSQL connections (18 with the defaults).
-    """
     # SIGTERM (what deploys send) becomes Celery's soft shutdown: running steps get
     # RATCHET_SHUTDOWN_GRACE_SECONDS, then their messages go back on the queue. Celery reads
     # this when its worker module loads, so it is set before anything imports it.
