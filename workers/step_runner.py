@@ -7,7 +7,8 @@ replayed, never re-run.
 
 Write transactions per step: the lease; the model response (which, for a final answer, also
 ends the task); and per tool call its ``started`` row and its outcome — the last outcome
-commits together with the step's completion.
+commits together with the step's completion, which, when the same thread goes on with the
+task, also leases the next step (so a step that follows another takes no lease of its own).
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ def advance(
     """Run ``task_id``'s step if it is ours to run; then, while ``go_on()`` says so, the steps
     after it on this same thread; then enqueue whatever comes next.
 
-    Going on here saves the next step its trip through the broker and its hand-off. It is as
-    safe as the queue: each step takes its own lease, and if this process dies between two
-    steps the task is runnable with nothing holding it, which is what the sweeper looks for.
+    Going on here saves the next step its trip through the broker, its hand-off and its
+    lease statements: the step's completion leases the next one in the same write. It is as
+    safe as the queue: each step has a lease of its own (a new epoch), and if this process
+    dies, the task's lease runs out and the sweeper sends it a message, as for any dead step.
     """
     carried = advance_one(task_id, step, go_on=go_on)
     while carried is not None and carried.lease is not None:
