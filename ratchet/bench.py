@@ -697,6 +697,6 @@ def delivery(
 
 
 # The load benchmarks register their commands on the app above.
-from ratchet import bench_load, bench_throughput  # noqa: E402
+from ratchet import bench_history, bench_load, bench_throughput  # noqa: E402
 
-__all__ = ["app", "bench_load", "bench_throughput"]
+__all__ = ["app", "bench_history", "bench_load", "bench_throughput"]

@@ -1,0 +1,110 @@
+"""``ratchet bench history``: does a step cost more as its task's history grows?
+
+One task of ``--steps`` steps (a calculator call each, then a final answer) with the scripted
+model answering at once, run in this process on the configured database, twice: its steps
+going on in place, as a worker runs them (each step reads only its predecessor's rows and
+carries the conversation over), and, as the baseline, a message per step (each step leases
+the task afresh and rebuilds the conversation from every earlier step's rows). Reported: the
+CPU time and wall time of the steps near the end against the same near the start.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from ratchet.bench import _bench_tenant, _cleanup, _new_task, app, emit
+from ratchet.bench_load import _drop_queue
+from shared.settings import get_settings
+
+SAMPLE = 10  # steps averaged at each end
+
+
+def _script(steps: int) -> list[dict[str, Any]]:
+    call = {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]}
+    return [call] * (steps - 1) + [{"content": "done"}]
+
+
+def _timed_steps(run: Callable[[], None]) -> list[tuple[float, float]]:
+    """(CPU, wall) seconds of every step ``run`` makes, in order."""
+    from workers import step_runner
+
+    timings: list[tuple[float, float]] = []
+    original = step_runner.advance_one
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        cpu, wall = time.thread_time(), time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            timings.append((time.thread_time() - cpu, time.perf_counter() - wall))
+
+    step_runner.advance_one = timed
+    try:
+        run()
+    finally:
+        step_runner.advance_one = original
+    return timings
+
+
+def _ends(timings: list[tuple[float, float]]) -> dict[str, float]:
+    """Median CPU and wall (ms) of the early steps (from step 2) and of the last ones."""
+    early, late = timings[1 : 1 + SAMPLE], timings[-SAMPLE - 1 : -1]  # the last is the answer
+    figures = {}
+    for label, steps in (("early", early), ("late", late)):
+        figures[f"{label}_cpu_ms"] = 1000 * statistics.median(c for c, _ in steps)
+        figures[f"{label}_wall_ms"] = 1000 * statistics.median(w for _, w in steps)
+    figures["cpu_ratio"] = figures["late_cpu_ms"] / figures["early_cpu_ms"]
+    figures["wall_ratio"] = figures["late_wall_ms"] / figures["early_wall_ms"]
+    return figures
+
+
+def _in_place(task_id: str) -> None:
+    from workers import step_runner
+
+    step_runner.advance(task_id, 1, go_on=lambda: True)
+
+
+def _message_per_step(task_id: str, steps: int) -> None:
+    from workers import step_runner
+
+    for number in range(1, steps + 1):
+        step_runner.advance(task_id, number)
+
+
+@app.command()
+def history(
+    steps: int = typer.Option(200, help="steps of the task (at most max_steps_limit)"),
+) -> None:
+    """The cost of a step near the end of a long task against one near its start."""
+    from shared.db import require_migrated
+
+    require_migrated()
+    queue = f"bench-{uuid.uuid4().hex[:8]}"  # where the baseline's next-step messages go
+    os.environ["RATCHET_QUEUE_NAME"] = queue
+    get_settings.cache_clear()
+    tenant_id = _bench_tenant()
+    try:
+        carried = _new_task(tenant_id, _script(steps))
+        in_place = _timed_steps(lambda: _in_place(carried))
+        rebuilt = _new_task(tenant_id, _script(steps))
+        baseline = _timed_steps(lambda: _message_per_step(rebuilt, steps))
+    finally:
+        _cleanup(tenant_id)
+        _drop_queue(queue)
+    emit(
+        "history",
+        {
+            "steps": steps,
+            "sampled_steps_each_end": SAMPLE,
+            "in_place": _ends(in_place),
+            "baseline_message_per_step": _ends(baseline),
+            "target": "a step near the end <= 1.2x the CPU and time of step 2",
+        },
+    )
