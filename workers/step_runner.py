@@ -70,6 +70,10 @@ class Context:
     # Asked when the step completes: whether this thread goes on with the next step (then the
     # completion leases it in the same write).
     go_on: Callable[[], bool] = lambda: False
+    # What the model reads back of this step, once it is complete: its answer, then each tool
+    # call's outcome (kept for the next step on this thread).
+    said: list[Message] = field(default_factory=list)
+    outcomes: dict[str, tool_runner.Outcome] = field(default_factory=dict)
 
 
 def worker_id() -> str:
@@ -95,18 +99,20 @@ def advance(
     while carried is not None and carried.lease is not None:
         carried = advance_one(task_id, carried.lease.step, carried=carried, go_on=go_on)
     if carried is not None:
-        enqueue_step(task_id, carried.from_step + 1)
+        enqueue_step(task_id, carried.next_step)
 
 
 @dataclass(frozen=True)
 class Carried:
-    """What the next step takes over from the one before it on the same thread: the
-    conversation up to ``from_step`` (exclusive), and the lease on the next step that the
-    completion took, if it did. Committed steps never change, so the next step reads only
-    the rows from ``from_step`` on: its cost does not grow with the task's history."""
+    """What the next step takes over from the one before it on the same thread: the whole
+    conversation before it, and the lease on it that the completion took, if it did.
+
+    Committed steps never change, and a step leased by its predecessor's completion has no
+    rows yet (none of it ran before: its predecessor was not complete), so it reads nothing:
+    its cost does not grow with the task's history."""
 
     history: list[Message]
-    from_step: int
+    next_step: int
     lease: Lease | None = None
 
 
@@ -144,7 +150,7 @@ def advance_one(
             end_task_span(ctx.task)
     if outcome != "committed":
         return None
-    return Carried(ctx.history, lease.step, task_store.next_lease(lease, ctx.task))
+    return Carried(ctx.history + ctx.said, lease.step + 1, task_store.next_lease(lease, ctx.task))
 
 
 def end_task_span(task: TaskState) -> None:
@@ -182,8 +188,7 @@ def lease_step(task_id: str, step: int | None, *, carried: Carried | None = None
 
 def _lease_step(task_id: str, step: int | None, carried: Carried | None) -> Context | None:
     if carried is not None and carried.lease is not None:  # leased with the last completion
-        with write_session() as session:
-            return load_context(session, carried.lease, carried=carried)
+        return following_context(carried.lease, carried.history)
     settings = get_settings()
     with write_session() as session:
         lease = task_store.take_lease(
@@ -194,7 +199,7 @@ def _lease_step(task_id: str, step: int | None, carried: Carried | None) -> Cont
             step=step,
             max_attempts=settings.max_step_attempts,
         )
-        ctx = load_context(session, lease, carried=carried) if isinstance(lease, Lease) else None
+        ctx = load_context(session, lease) if isinstance(lease, Lease) else None
     if isinstance(lease, LeaseRefused):
         log.info("no lease for %s: %s", task_id, lease.reason, extra={"task_id": task_id})
         if lease.retry_in_ms and step is not None:
@@ -334,8 +339,34 @@ def run_step(ctx: Context) -> bool:
         with fenced(ctx) as writes:
             writes.write(**completion(ctx))
             writes.add(checkpoints.completion(lease))
+    ctx.said = said(ctx, response)
     failpoints.hit("after_step_commit")
     return False
+
+
+def said(ctx: Context, response: ModelResponse) -> list[Message]:
+    """The completed step as the model reads it back: what ``step_messages`` rebuilds from its
+    rows, made from what this step answered and recorded. (The same JSON; an object read back
+    from PostgreSQL may list its keys in another order.)"""
+    answer = response.to_dict()
+    messages: list[Message] = [
+        {"role": "assistant", "content": answer["content"], "tool_calls": answer["tool_calls"]}
+    ]
+    for position, call in enumerate(response.tool_calls):
+        call_id = ledger.call_id(ctx.lease.step, position)
+        outcome = ctx.outcomes.get(call_id)
+        if outcome is None:  # settled before this lease: as its row says
+            row = ctx.calls[call_id]
+            outcome = tool_runner.Outcome(
+                ok=row.status == ledger.SUCCEEDED, result=row.result, error=row.error
+            )
+        content = tool_runner.message_content(
+            ok=outcome.ok, result=outcome.result, error=outcome.error
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+        )
+    return messages
 
 
 def completion(ctx: Context) -> dict[str, Any]:
@@ -349,52 +380,64 @@ def completion(ctx: Context) -> dict[str, Any]:
     }
 
 
-def load_context(session: Session, lease: Lease, *, carried: Carried | None = None) -> Context:
+def load_context(session: Session, lease: Lease) -> Context:
     """Everything the step needs, read in the lease's transaction.
 
-    A task's very first lease has no history and nothing to resume: it reads nothing more. A
-    step that follows its predecessor on the same thread reads only that step's rows and its
-    own (the conversation before them was carried over); any other reads the whole history.
+    A task's very first lease has no history and nothing to resume: it reads nothing more.
     """
     task = lease.task
     assert task is not None
+    fresh = lease.fresh  # never ran: a retried task (attempt 1 again) has rows to resume
+    steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
     agent = get_agent(task.agent)
-    steps: Sequence[Step] = []
-    calls: Sequence[ToolCall] = []
-    if lease.fresh:  # never ran: a retried task (attempt 1 again) has rows to resume
-        prior = opening(task, agent)
-    elif carried is not None and carried.from_step == lease.step - 1:
-        prior = carried.history
-        steps, calls = checkpoints.load_history(session, lease.task_id, from_step=carried.from_step)
-    else:
-        prior = opening(task, agent)
-        steps, calls = checkpoints.load_history(session, lease.task_id)
-    registry = get_registry()
-    tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
     done = [s for s in steps if s.number < lease.step]
     current = next((s for s in steps if s.number == lease.step), None)
     return Context(
         lease=lease,
         task=task,
         agent=agent,
-        tools=tools,
-        history=prior + step_messages(done, calls),
+        tools=task_tools(task),
+        history=opening(task, agent) + step_messages(done, calls),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
-        tenant_name=tenant_name(session, task.tenant_id),
+        tenant_name=tenant_name(task.tenant_id),
         clock_ms=lease.clock_ms,
     )
+
+
+def following_context(lease: Lease, history: list[Message]) -> Context:
+    """The context of a step leased by its predecessor's completion, from memory: the step
+    has no rows yet, and the conversation before it was carried over."""
+    task = lease.task
+    assert task is not None
+    return Context(
+        lease=lease,
+        task=task,
+        agent=get_agent(task.agent),
+        tools=task_tools(task),
+        history=history,
+        step_row=None,
+        calls={},
+        tenant_name=tenant_name(task.tenant_id),
+        clock_ms=lease.clock_ms,
+    )
+
+
+def task_tools(task: TaskState) -> dict[str, Tool]:
+    registry = get_registry()
+    return {name: registry.tools[name] for name in task.tools if name in registry.tools}
 
 
 _tenant_names: dict[str, str] = {}
 
 
-def tenant_name(session: Session, tenant_id: str) -> str:
+def tenant_name(tenant_id: str) -> str:
     """Tenant names never change, so each process looks each one up once."""
     name = _tenant_names.get(tenant_id)
     if name is None:
-        name = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id)) or tenant_id
-        _tenant_names[tenant_id] = name
+        with write_session() as session:
+            found = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id))
+        name = _tenant_names[tenant_id] = found or tenant_id
     return name
 
 
@@ -666,6 +709,7 @@ def record_outcome(
     """Commit a call's outcome; with ``last`` the step completes in the same write, with
     ``end_task`` (an error) the task fails in it."""
     lease = ctx.lease
+    ctx.outcomes[call_id] = outcome
     status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
     metrics.tool_calls.labels(tool=name if name in ctx.tools else "unknown", status=status).inc()
     event = {

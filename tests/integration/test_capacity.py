@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -199,15 +199,15 @@ def test_a_step_past_its_time_limit_is_no_longer_kept_alive(
         assert id(stuck) not in heartbeat._leases
 
 
-def test_steps_that_go_on_in_place_are_leased_by_the_step_before_and_see_the_same_chat(
+def test_steps_that_go_on_in_place_read_nothing_and_see_the_same_chat(
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A task run step after step on one thread carries its conversation over: each step
-    reads the rows of its predecessor and its own, not the whole history, and the model is
-    asked exactly what it is asked when every step rebuilds the conversation from the rows."""
+    """A task run step after step on one thread carries its conversation over: a step leased
+    by its predecessor's completion reads no rows at all, and the model is asked exactly what
+    it is asked when every step rebuilds the conversation from the rows."""
     asked: dict[str, list[Any]] = {}
     read_from: list[int] = []
     leases_taken: list[str] = []
@@ -239,7 +239,7 @@ def test_steps_that_go_on_in_place_are_leased_by_the_step_before_and_see_the_sam
 
     done = task_row(carried)
     assert done.status == "succeeded"
-    assert read_from == [1, 2, 3, 4, 5]  # each step from its predecessor on
+    assert read_from == []  # each later step read nothing: its history was carried over
     # One lease taken; each later step was leased by its predecessor's completion, each
     # with an epoch of its own.
     assert leases_taken.count(carried) == 1

@@ -20,7 +20,8 @@ def test_a_full_pool_makes_the_next_hand_off_wait_for_a_free_thread() -> None:
 
     pool.run(step)
     pool.run(step)
-    assert started.acquire(timeout=WAIT) and started.acquire(timeout=WAIT)
+    assert started.acquire(timeout=WAIT)
+    assert started.acquire(timeout=WAIT)
     handed = threading.Event()
     third = threading.Thread(target=lambda: (pool.run(step), handed.set()))
     third.start()
