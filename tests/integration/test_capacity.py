@@ -18,6 +18,7 @@ from shared.db import get_engine, transaction, write_session
 from shared.models import Task
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task
+from tests.integration.test_durability import submit, task_row
 from workers import heartbeat, step_runner, tool_runner
 from workers.models.scripted import ScriptedProvider
 
@@ -51,12 +52,6 @@ def held(service_env: dict[str, str]) -> Iterator[HeldConnections]:
     yield counter
     event.remove(pool, "checkout", counter.checkout)
     event.remove(pool, "checkin", counter.checkin)
-
-
-def submit(client: TestClient, tenant: TenantHandle, body: dict[str, Any]) -> str:
-    response = client.post("/v1/tasks", json=body, headers=tenant.headers)
-    assert response.status_code == 202, response.text
-    return str(response.json()["id"])
 
 
 def test_a_step_holds_no_database_connection_while_its_model_or_tool_works(
@@ -247,11 +242,3 @@ def test_steps_that_go_on_in_place_read_nothing_and_see_the_same_chat(
     assert done.lease_epoch == task_row(rebuilt).lease_epoch == 6
     assert len(asked[carried]) == 6
     assert asked[carried] == asked[rebuilt]
-
-
-def task_row(task_id: str) -> Task:
-    with transaction() as session:
-        task = session.get(Task, task_id)
-        assert task is not None
-        session.expunge(task)
-        return task
