@@ -20,7 +20,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn
@@ -400,7 +400,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         history=opening(task, agent) + step_messages(done, calls),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
-        tenant_name=tenant_name(task.tenant_id),
+        tenant_name=tenant_name(task.tenant_id, session),
         clock_ms=lease.clock_ms,
     )
 
@@ -431,12 +431,14 @@ def task_tools(task: TaskState) -> dict[str, Tool]:
 _tenant_names: dict[str, str] = {}
 
 
-def tenant_name(tenant_id: str) -> str:
-    """Tenant names never change, so each process looks each one up once."""
+def tenant_name(tenant_id: str, session: Session | None = None) -> str:
+    """Tenant names never change, so each process looks each one up once: in ``session``,
+    if the caller holds one (a second connection while holding one could wait forever on a
+    pool that every step thread drained the same way), else in a session of its own."""
     name = _tenant_names.get(tenant_id)
     if name is None:
-        with write_session() as session:
-            found = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id))
+        with nullcontext(session) if session is not None else write_session() as reader:
+            found = reader.scalar(select(Tenant.name).where(Tenant.id == tenant_id))
         name = _tenant_names[tenant_id] = found or tenant_id
     return name
 
