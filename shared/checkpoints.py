@@ -43,17 +43,14 @@ def load_steps(
     return session.scalars(query).all()
 
 
-def load_history(
-    session: Session, task_id: str, *, from_step: int = 1
-) -> tuple[list[Step], list[ToolCall]]:
-    """The task's steps from ``from_step`` on and their tool calls, in order, in one round
-    trip (keyed on the primary keys: its cost is what it returns)."""
+def load_history(session: Session, task_id: str) -> tuple[list[Step], list[ToolCall]]:
+    """Every step of the task and every tool call, in order, in one round trip."""
     rows = session.execute(
         select(Step, ToolCall)
         .outerjoin(
             ToolCall, (ToolCall.task_id == Step.task_id) & (ToolCall.step_number == Step.number)
         )
-        .where(Step.task_id == task_id, Step.number >= from_step)
+        .where(Step.task_id == task_id)
         .order_by(Step.number, ToolCall.position)
     ).all()
     steps = list({id(step): step for step, _ in rows}.values())

@@ -204,7 +204,7 @@ def test_steps_that_go_on_in_place_read_nothing_and_see_the_same_chat(
     by its predecessor's completion reads no rows at all, and the model is asked exactly what
     it is asked when every step rebuilds the conversation from the rows."""
     asked: dict[str, list[Any]] = {}
-    read_from: list[int] = []
+    read_from: list[str] = []
     leases_taken: list[str] = []
     complete, load_history = ScriptedProvider.complete, checkpoints.load_history
     take_lease = task_store.take_lease
@@ -217,9 +217,9 @@ def test_steps_that_go_on_in_place_read_nothing_and_see_the_same_chat(
         asked.setdefault(request.task_id, []).append(request.messages)
         return complete(self, request)
 
-    def reading(session: Any, task_id: str, *, from_step: int = 1) -> Any:
-        read_from.append(from_step)
-        return load_history(session, task_id, from_step=from_step)
+    def reading(session: Any, task_id: str) -> Any:
+        read_from.append(task_id)
+        return load_history(session, task_id)
 
     monkeypatch.setattr(ScriptedProvider, "complete", recording)
     monkeypatch.setattr(checkpoints, "load_history", reading)
@@ -228,7 +228,7 @@ def test_steps_that_go_on_in_place_read_nothing_and_see_the_same_chat(
     rebuilt, carried = submit(client, tenant, body), submit(client, tenant, body)
 
     assert drive(rebuilt) == "succeeded"  # a message per step: each reads the whole history
-    assert read_from == [1] * 5
+    assert read_from == [rebuilt] * 5
     read_from.clear()
     step_runner.advance(carried, 1, go_on=lambda: True)  # one message, six steps in place
 
