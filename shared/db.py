@@ -176,12 +176,11 @@ def write_session(*, heartbeat: bool = False) -> Iterator[Session]:
     the end, in which a batch runs as several statements. Either way the connection goes
     back to the pool when the block ends. ``heartbeat``: on the heartbeat's own connection.
     """
-    engine = get_engine(heartbeat=heartbeat)
-    if engine.dialect.name != "postgresql":
+    if get_engine().dialect.name != "postgresql":
         with transaction() as session:
             yield session
         return
-    with engine.connect() as connection:
+    with get_engine(heartbeat=heartbeat).connect() as connection:
         autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
         with get_sessionmaker()(bind=autocommit) as session:
             yield session

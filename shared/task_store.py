@@ -174,14 +174,7 @@ def create_task(
     )
     session.add(task)
     session.flush()  # the row first: the event references it
-    queued = insert_events(
-        session,
-        [("task.queued", task_document)],
-        task=task,
-        subscriptions=outbox.subscriptions_for(session, task),
-    )
-    if deliveries is not None:
-        deliveries.extend(queued)
+    _insert_logged(session, task, "task.queued", deliveries)
     return task
 
 
@@ -189,6 +182,11 @@ def _log_event(session: Session, task: Task, type_: str, deliveries: list[str] |
     """Append one event outside a step (its seq reserved here), with its webhooks."""
     task.last_event_seq += 1
     session.flush()
+    _insert_logged(session, task, type_, deliveries)
+
+
+def _insert_logged(session: Session, task: Task, type_: str, deliveries: list[str] | None) -> None:
+    """Insert the event whose seq the task row reserved last, with its webhooks."""
     queued = insert_events(
         session,
         [(type_, task_document)],
