@@ -7,6 +7,8 @@ import json
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.problems import title
+
 
 class BodyTooLarge(HTTPException):
     """Raised while reading: FastAPI re-raises HTTP exceptions, so it surfaces as a 413."""
@@ -55,7 +57,7 @@ class BodyLimitMiddleware:
         body = json.dumps(
             {
                 "type": "urn:ratchet:problem:content-too-large",
-                "title": "Content Too Large",
+                "title": title(413),
                 "status": 413,
                 "detail": f"the request body is over the limit of {self.max_bytes} bytes",
             }

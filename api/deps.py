@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from shared.db import get_sessionmaker
-from shared.tenants import Principal, authenticate
+from shared.errors import KeyRejected
+from shared.ids import hash_secret
+from shared.tenants import ADMIN, OPERATOR, Principal, verify_key
+
+CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
 def get_session() -> Iterator[Session]:
@@ -20,24 +28,84 @@ def get_session() -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_principal(request: Request, session: SessionDep) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise HTTPException(
-            401,
-            "send an API key as 'Authorization: Bearer <key>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    with session.begin():
-        principal = authenticate(session, key.strip())
-    if principal is None:
-        raise HTTPException(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
+def bearer_key(request: Request) -> str:
+    """The key of the one ``Authorization: Bearer <key>`` header, taken exactly as sent:
+    nothing is stripped, so a key with stray characters around it is not a key."""
+    headers = request.headers.getlist("authorization")
+    if len(headers) > 1:
+        raise HTTPException(400, "send exactly one Authorization header")
+    scheme, space, key = (headers[0] if headers else "").partition(" ")
+    if scheme.lower() != "bearer" or not space or not key:
+        raise HTTPException(401, "send an API key as 'Authorization: Bearer <key>'", CHALLENGE)
+    return key
+
+
+class KeyCache:
+    """Keys verified in the last second, so a burst of requests with one key reads the
+    database once, and a request whose key is known never waits for a thread.
+
+    An entry lives :data:`KEY_CACHE_SECONDS`: a key revoked (or expiring) elsewhere is
+    refused within that; a key revoked through this process is forgotten at once."""
+
+    def __init__(self, seconds: float, *, size: int = 10_000) -> None:
+        self.seconds = seconds
+        self.size = size
+        self._entries: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Principal | None:
+        digest = hash_secret(key)
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None or entry[1] <= time.monotonic():
+                return None
+            return entry[0]
+
+    def put(self, key: str, principal: Principal) -> None:
+        with self._lock:
+            self._entries[hash_secret(key)] = (principal, time.monotonic() + self.seconds)
+            self._entries.move_to_end(hash_secret(key))
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def forget(self, key_id: str) -> None:
+        """Drop a key revoked or rotated here: its next request reads the database."""
+        with self._lock:
+            for digest in [d for d, (p, _) in self._entries.items() if p.key_id == key_id]:
+                del self._entries[digest]
+
+
+KEY_CACHE_SECONDS = 1.0
+verified_keys = KeyCache(KEY_CACHE_SECONDS)
+
+
+def _verify(key: str) -> Principal:
+    with get_sessionmaker()() as session:
+        try:
+            with session.begin():
+                principal = verify_key(session, key)
+        except KeyRejected as exc:
+            raise HTTPException(401, str(exc), CHALLENGE) from None
+    verified_keys.put(key, principal)
     return principal
 
 
-def require(scope: str) -> Callable[[Principal], Principal]:
-    def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+async def get_principal(request: Request) -> Principal:
+    """The caller, from its key: from the last second's verifications if it is there (no
+    thread, no database), else verified on the thread pool."""
+    key = bearer_key(request)
+    principal = verified_keys.get(key)
+    if principal is None:
+        principal = await run_in_threadpool(_verify, key)
+    return principal
+
+
+def require(scope: str) -> Callable[[Principal], Awaitable[Principal]]:
+    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if not principal.allows(scope):
             raise HTTPException(403, f"this API key lacks the {scope!r} scope")
         return principal
@@ -47,4 +115,5 @@ def require(scope: str) -> Callable[[Principal], Principal]:
 
 Reader = Annotated[Principal, Depends(require("tasks:read"))]
 Writer = Annotated[Principal, Depends(require("tasks:write"))]
-Admin = Annotated[Principal, Depends(require("admin"))]
+Admin = Annotated[Principal, Depends(require(ADMIN))]
+Operator = Annotated[Principal, Depends(require(OPERATOR))]

@@ -9,16 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 
 from shared import notify
 from shared.constants import EVENTS_CHANNEL_PREFIX
 from shared.settings import get_settings
 
 log = logging.getLogger("ratchet.api.events")
+RECONNECT_FIRST_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 30.0
 
 
 class EventHub:
@@ -61,28 +65,52 @@ class EventHub:
             if not self._waiters[task_id]:
                 del self._waiters[task_id]
 
+    def wake_all(self) -> None:
+        for task_id in list(self._waiters):
+            self.wake(task_id)
+
     async def _listen(self) -> None:
+        """Subscribe, and resubscribe after an outage with a capped exponential back-off.
+
+        An outage is logged once when it starts and once when it ends: a Redis that is down
+        for an hour must not write a traceback a second. Meanwhile streams poll Postgres."""
         url = get_settings().redis_url
+        delay, down_since = RECONNECT_FIRST_SECONDS, None
         while True:
-            client = aioredis.Redis.from_url(url)
+            client = aioredis.Redis.from_url(url, socket_connect_timeout=RECONNECT_MAX_SECONDS)
             try:
                 async with client.pubsub() as pubsub:
                     await pubsub.psubscribe(EVENTS_CHANNEL_PREFIX + "*")
-                    async for message in pubsub.listen():
-                        if message.get("type") == "pmessage":
-                            name = message["channel"]
-                            name = name.decode() if isinstance(name, bytes) else str(name)
-                            self.wake(name.removeprefix(EVENTS_CHANNEL_PREFIX))
+                    if down_since is not None:
+                        log.info(
+                            "event wake-ups restored after %.0f s", time.monotonic() - down_since
+                        )
+                    delay, down_since = RECONNECT_FIRST_SECONDS, None
+                    self.wake_all()  # events committed while unsubscribed were not announced
+                    await self._relay(pubsub)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("event wake-ups interrupted; reconnecting", exc_info=True)
-                # Streams fall back to polling meanwhile; wake everyone so none waits long.
-                for task_id in list(self._waiters):
-                    self.wake(task_id)
-                await asyncio.sleep(1)
+            except (aioredis.RedisError, OSError) as exc:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning(
+                        "event wake-ups lost (%s: %s); streams poll the database until Redis is "
+                        "back",
+                        type(exc).__name__,
+                        exc,
+                    )
+                self.wake_all()  # so none waits longer than its fallback poll
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_SECONDS)
             finally:
                 await client.aclose()
+
+    async def _relay(self, pubsub: PubSub) -> None:
+        async for message in pubsub.listen():
+            if message.get("type") == "pmessage":
+                name = message["channel"]
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                self.wake(name.removeprefix(EVENTS_CHANNEL_PREFIX))
 
 
 hub = EventHub()

@@ -6,15 +6,21 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import RedirectResponse
+from fastapi.security import HTTPBearer
+from fastapi_offline import FastAPIOffline
 
 from api import problems
 from api.body_limit import BodyLimitMiddleware
 from api.event_hub import hub
-from api.routes import admin, agents, events, health, tasks, webhooks
-from api.schemas import TaskCreate
-from shared import logs
+from api.params import reject_nul
+from api.problems import REASONS, Problem, responses
+from api.routes import admin, agents, events, health, keys, tasks, webhooks
+from api.schemas import document_submission
+from api.url_credentials import UrlCredentialsMiddleware
+from shared import egress, logs
 from shared.db import require_migrated
 from shared.registry import get_registry
 from shared.settings import get_settings
@@ -23,6 +29,7 @@ from shared.settings import get_settings
 @asynccontextmanager
 async def lifespan(_: FastAPI) -> AsyncIterator[None]:
     require_migrated()  # refuse to serve on a schema older than the code
+    egress.warn_if_open(get_settings())
     get_registry()
     await hub.start()
     try:
@@ -31,35 +38,90 @@ async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await hub.stop()
 
 
+DESCRIPTION = """\
+Submit an agent task and get `202 Accepted` with its id at once; workers run it step by step,
+committing every step, and the result comes back by polling (`GET /v1/tasks/{id}?wait=N`), by
+a server-sent event stream, or by signed webhooks.
+
+Authenticate every `/v1` request with `Authorization: Bearer <api key>` (never in the URL).
+Every error is an RFC 9457 `application/problem+json` document (`Problem`).
+"""
+# Only for the OpenAPI document (FastAPI names it on every operation below it): the key
+# itself is read, strictly, by api/deps.py.
+BEARER = HTTPBearer(
+    scheme_name="apiKey",
+    description="an API key: `ratchet tenants create NAME` or `POST /v1/keys`",
+    auto_error=False,
+)
+REFS = "#/components/schemas/{model}"
+# What any request may be answered, whatever its route: before a route is even chosen.
+ANY_REQUEST = responses(
+    {
+        400: "an API key in the query string",
+        413: REASONS[413],
+        422: "a path or query parameter holds a NUL character, or is invalid",
+        431: REASONS[431],
+    }
+)
+# ... and what any request that carries an API key may be answered besides.
+AUTHENTICATED = responses(REASONS) | {status: ANY_REQUEST[status] for status in (413, 431)}
+AUTHENTICATED.pop(404)
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema plus the submit body, which the route parses itself (after auth)."""
+    """FastAPI's schema plus the submit body (which the route parses itself, after auth) and
+    the problem schema every error answer uses."""
     if app.openapi_schema is None:
         schema = get_openapi(
-            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            title=app.title,
+            version=app.version,
+            summary=app.summary,
+            description=app.description,
+            routes=app.routes,
+            tags=TAGS,
         )
-        body = TaskCreate.model_json_schema(ref_template="#/components/schemas/{model}")
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components.update(body.pop("$defs", {}))
-        components["TaskCreate"] = body
+        document_submission(components)
+        components["Problem"] = Problem.model_json_schema(ref_template=REFS)
+        components.update(components["Problem"].pop("$defs", {}))
         app.openapi_schema = schema
     return app.openapi_schema
 
 
+TAGS = [
+    {"name": "tasks", "description": "Submit tasks, read them, cancel and retry them."},
+    {"name": "events", "description": "A task's events as a server-sent event stream."},
+    {"name": "webhooks", "description": "Webhook deliveries and the signing secret."},
+    {"name": "agents", "description": "The registered agents and their tools."},
+    {"name": "keys", "description": "A tenant admin's API keys."},
+    {"name": "admin", "description": "Rate-limit views for tenant admins and operators."},
+    {"name": "health", "description": "Liveness and readiness; no API key."},
+]
+
+
+async def _root() -> RedirectResponse:
+    # Until the dashboard lands, a browser opening the bare URL finds the API's docs.
+    return RedirectResponse("/docs", status_code=307)
+
+
 def create_app() -> FastAPI:
     logs.configure_from_settings(replace=False)  # each API process (--workers spawns them)
-    app = FastAPI(
+    # The docs pages (Swagger UI at /docs, ReDoc at /redoc) with their assets served from the
+    # package, not a CDN: they work offline and behind a firewall.
+    app = FastAPIOffline(
         title="Ratchet",
         version="1",
         summary="Durable LLM agent tasks: submit, run step by step, get the result.",
+        description=DESCRIPTION,
         lifespan=lifespan,
+        dependencies=[Depends(reject_nul)],
     )
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     problems.install(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_request_bytes)
-    app.include_router(health.router)
-    app.include_router(tasks.router)
-    app.include_router(events.router)
-    app.include_router(webhooks.router)
-    app.include_router(agents.router)
-    app.include_router(admin.router)
+    app.add_middleware(UrlCredentialsMiddleware)  # outermost: before anything reads the URL
+    app.add_api_route("/", _root, include_in_schema=False)
+    app.include_router(health.router, responses=ANY_REQUEST)
+    for router in (tasks, events, webhooks, agents, admin, keys):
+        app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     return app

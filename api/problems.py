@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import logging
 import re
+import traceback
+from http import HTTPStatus
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.errors import (
     Conflict,
@@ -23,20 +30,88 @@ from shared.errors import (
 
 log = logging.getLogger("ratchet.api")
 MEDIA_TYPE = "application/problem+json"
-TITLES = {
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-    413: "Content Too Large",
-    415: "Unsupported Media Type",
-    422: "Unprocessable Content",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
+# What a client waits before trying again when the database is down or overloaded.
+DATABASE_RETRY_AFTER_SECONDS = 5
+# The database cannot be reached, went silent, refused a connection, cancelled a statement
+# that ran past its timeout, or every pooled connection stayed busy past the pool's timeout.
+DATABASE_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.TimeoutError, psycopg.OperationalError)
+
+
+# Type URNs stay put when Python renames a reason phrase (3.13 took RFC 9110's names for these).
+STABLE_SLUGS = {413: "content-too-large", 422: "unprocessable-content"}
+# Why the API may answer each status, for the OpenAPI document; a route adds its own reasons.
+REASONS = {
+    400: "more than one Authorization header, or an API key in the query string",
+    401: "no API key, or one that is unknown, revoked or expired",
+    403: "the API key lacks the scope this operation needs",
+    404: "not found, or another tenant's",
+    413: "the request body is over the size limit (RATCHET_MAX_REQUEST_BYTES)",
+    422: "a parameter or the body is invalid; ``errors`` names each bad field",
+    431: "the request head has too many or too large header fields (served by uvicorn)",
+    503: "the database is unavailable; retry after ``Retry-After`` seconds",
 }
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before trying again",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+
+
+def responses(reasons: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error statuses a route may answer: each a problem."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status, reason in reasons.items():
+        out[status] = {
+            "description": f"{title(status)}: {reason}",
+            "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        if status in (429, 503):
+            out[status]["headers"] = RETRY_AFTER
+    return out
+
+
+def title(status: int) -> str:
+    """The problem's title for ``status``: the reason phrase uvicorn writes on the status line
+    (Python's ``HTTPStatus``), so the body and the status line always agree."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="the field, as a readable path", examples=["tools[0]"])
+    pointer: str = Field(
+        description="the field as a JSON pointer into the request", examples=["#/tools/0"]
+    )
+    detail: str = Field(description="what is wrong with it", examples=["unknown tool 'nope'"])
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem: the body of every error the API returns."""
+
+    model_config = ConfigDict(
+        extra="allow",  # a problem may carry more members (``/readyz`` adds ``checks``)
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "urn:ratchet:problem:not-found",
+                    "title": "Not Found",
+                    "status": 404,
+                    "detail": "no task 0192e4c1-7d2a-7b3c-8f00-5a1b2c3d4e5f",
+                }
+            ]
+        },
+    )
+
+    type: str = Field(description="a URN naming the kind of problem")
+    title: str = Field(description="the HTTP reason phrase of ``status``")
+    status: int = Field(description="the HTTP status code")
+    detail: str = Field(description="what went wrong, for a person to read")
+    errors: list[FieldError] | SkipJsonSchema[None] = Field(
+        None, description="validation failures only: one entry per bad field"
+    )
 
 
 def problem(
@@ -47,15 +122,19 @@ def problem(
     headers: dict[str, str] | None = None,
     **extra: Any,
 ) -> JSONResponse:
-    title = TITLES.get(status, "Error")
+    phrase = title(status)
     body = {
-        "type": f"urn:ratchet:problem:{slug or title.lower().replace(' ', '-')}",
-        "title": title,
+        "type": f"urn:ratchet:problem:{slug or _slug(status)}",
+        "title": phrase,
         "status": status,
         "detail": detail,
         **extra,
     }
     return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def _slug(status: int) -> str:
+    return STABLE_SLUGS.get(status) or title(status).lower().replace(" ", "-")
 
 
 def field_name(parts: list[str | int]) -> tuple[str, str]:
@@ -147,19 +226,71 @@ async def _domain(_: Request, exc: Exception) -> JSONResponse:
         DatabaseNotMigrated: 503,
     }.get(type(exc), 500)
     if status == 500:
-        log.exception("unhandled domain error", exc_info=exc)
+        log_unexpected(exc)
         return problem(500, "internal error")
     slug = {422: "idempotency-key-reused"}.get(status)
     return problem(status, str(exc), slug=slug)
 
 
-async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error", exc_info=exc)
-    return problem(500, "internal error")
+async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    # The driver's own first line says why (refused, timed out, cancelled); never the
+    # statement or its parameters.
+    cause = getattr(exc, "orig", None) or exc
+    reason = (str(cause).strip().splitlines() or [""])[0]
+    log.warning("database unavailable: %s: %s", type(cause).__name__, reason)
+    return problem(
+        503,
+        "the database is unavailable; try again shortly",
+        slug="database-unavailable",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+    )
+
+
+def log_unexpected(exc: BaseException) -> None:
+    """One error record: the exception types and where they were raised, without their
+    messages, which may quote the request (a body, a statement's parameters)."""
+    lines: list[str] = []
+    current: BaseException | None = exc
+    while current is not None and len(lines) < 10:  # a chain is short; never a loop
+        name = f"{type(current).__module__}.{type(current).__qualname__}"
+        lines.append(f"{name}, raised at:\n{''.join(traceback.format_tb(current.__traceback__))}")
+        current = current.__cause__ or current.__context__
+    log.error("unhandled error: %s", "\ncaused by ".join(lines).rstrip())
+
+
+class UnhandledErrors:
+    """The last resort: an error no handler took is logged once (:func:`log_unexpected`) and
+    answered with a bare 500 problem. Starlette's own last resort re-raises it to the server,
+    which logs it again with its message."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except StarletteHTTPException:
+            raise  # a body over the limit, met while streaming: the body limit answers it
+        except Exception as exc:
+            log_unexpected(exc)
+            if not started:
+                await problem(500, "internal error")(scope, receive, send)
 
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(RatchetError, _domain)
-    app.add_exception_handler(Exception, _unhandled)
+    for error in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(error, _database_unavailable)
+    app.add_middleware(UnhandledErrors)

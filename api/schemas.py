@@ -3,74 +3,183 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    HttpUrl,
+    Tag,
+    WithJsonSchema,
+)
+from typing_extensions import TypeAliasType
 
-from shared.events import EVENT_TYPES
+from shared.events import EventType
+from shared.providers import Script
 from shared.views import TaskView, Usage
 
-EventType = Literal[
-    "task.queued",
-    "task.started",
-    "step.model_response",
-    "step.tool_call",
-    "step.completed",
-    "task.awaiting_approval",
-    "task.succeeded",
-    "task.failed",
-    "task.cancelled",
-]
-assert set(EVENT_TYPES) == set(EventType.__args__)  # type: ignore[attr-defined]
-
 DEFAULT_WEBHOOK_EVENTS: tuple[EventType, ...] = ("task.succeeded", "task.failed", "task.cancelled")
-ShortText = Annotated[str, Field(min_length=1, max_length=200)]
-MetadataValue = str | int | float | bool | None
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL can store no NUL character in text or jsonb: refuse it here, by field name,
+    # rather than fail the insert.
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character (\\u0000)")
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    """Which member of a JSON union a value is, so a bad value reports only that member's error."""
+    if isinstance(value, bool):  # before int: a bool is an int
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    return "array" if isinstance(value, list) else "null"
+
+
+# The schema's way of saying _no_nul, so a client (or a fuzzer) knows the rule too.
+NO_NUL = "^[^\\x00]*$"
+Text = Annotated[str, AfterValidator(_no_nul), Field(json_schema_extra={"pattern": NO_NUL})]
+ShortText = Annotated[Text, Field(min_length=1, max_length=200)]
+# Models that hold floats refuse NaN and ±Infinity (JSON has neither; 1e400 parses as inf).
+FINITE = ConfigDict(extra="forbid", allow_inf_nan=False)
+Scalar = (
+    Annotated[Text, Tag("string")]
+    | Annotated[bool, Tag("boolean")]
+    | Annotated[int, Tag("integer")]
+    | Annotated[float, Field(allow_inf_nan=False), Tag("number")]
+    | Annotated[None, Tag("null")]
+)
+# The schemas say "any JSON value" plainly: the tagged union's own would be a oneOf in
+# which an integer matches two members (integer and number), so no integer could pass.
+MetadataValue = Annotated[
+    Scalar,
+    Discriminator(_json_kind),
+    WithJsonSchema({"type": ["string", "number", "boolean", "null"], "pattern": NO_NUL}),
+]
+if TYPE_CHECKING:  # mypy cannot follow the recursive alias below
+    JsonValue = Any
+else:
+    JsonValue = TypeAliasType(
+        "JsonValue",
+        Annotated[
+            Scalar
+            | Annotated[list["JsonValue"], Tag("array")]
+            | Annotated[dict[Text, "JsonValue"], Tag("object")],
+            Discriminator(_json_kind),
+            WithJsonSchema({}),  # the OpenAPI document says more: JSON_VALUE_SCHEMA
+        ],
+    )
+# Any JSON value with no NUL in a string or a key: each keyword applies to one JSON type
+# only, so together they constrain strings, arrays and objects, at any depth. (Set in the
+# OpenAPI document, not above: pydantic resolves every $ref it is given.)
+JSON_VALUE_SCHEMA = {
+    "description": "any JSON value; no string or key holds a NUL character",
+    "pattern": NO_NUL,
+    "items": {"$ref": "#/components/schemas/JsonValue"},
+    "propertyNames": {"pattern": NO_NUL},
+    "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+}
+
+
+MODEL_OPTIONS_EXAMPLE: Any = {
+    "script": [
+        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]},
+        {"content": "The answer is 42."},
+    ]
+}
 
 
 class InputMessage(BaseModel):
+    """One chat message of a conversation given as ``input``."""
+
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant"]
-    content: Annotated[str, Field(max_length=200_000)]
+    content: Annotated[Text, Field(max_length=200_000)]
 
 
 class Budget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Limits that end the task (failed, with the reason in ``error``) once reached."""
 
-    max_tokens: int | None = Field(None, gt=0)
-    max_cost_usd: float | None = Field(None, gt=0)
+    model_config = FINITE
+
+    max_tokens: int | None = Field(None, gt=0, description="input plus output tokens, in all")
+    max_cost_usd: float | None = Field(None, gt=0, description="the model calls' cost, in USD")
 
 
 class WebhookSpec(BaseModel):
+    """Where to POST the task's events (Standard Webhooks: signed, retried)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    url: HttpUrl
+    url: HttpUrl = Field(description="https, and a public address unless allow-listed")
     events: list[EventType] = Field(
-        default_factory=lambda: list(DEFAULT_WEBHOOK_EVENTS), max_length=9
+        default_factory=lambda: list(DEFAULT_WEBHOOK_EVENTS),
+        max_length=9,
+        description="which events to send",
     )
 
 
 class TaskCreate(BaseModel):
     """What a client submits. Only ``input`` is required."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    agent: ShortText = "default"
-    input: (
-        Annotated[str, Field(min_length=1, max_length=200_000)]
-        | Annotated[list[InputMessage], Field(min_length=1, max_length=500)]
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [
+                {
+                    "input": "What is 6*7?",
+                    "model": "scripted",
+                    "model_options": MODEL_OPTIONS_EXAMPLE,
+                    "budget": {"max_tokens": 200000, "max_cost_usd": 2.0},
+                    "metadata": {"customer": "42"},
+                }
+            ]
+        },
     )
-    model: ShortText | None = None
-    model_options: dict[str, Any] = Field(default_factory=dict)
-    instructions: Annotated[str, Field(max_length=50_000)] | None = None
-    tools: Annotated[list[ShortText], Field(max_length=100)] | None = None
-    max_steps: int | None = Field(None, ge=1)
+
+    agent: ShortText = Field("default", description="a registered agent (`GET /v1/agents`)")
+    input: (
+        Annotated[Text, Field(min_length=1, max_length=200_000)]
+        | Annotated[list[InputMessage], Field(min_length=1, max_length=500)]
+    ) = Field(description="the user's request as text, or a conversation as chat messages")
+    model: ShortText | None = Field(
+        None,
+        description="`provider:model` (`openai:gpt-4o-mini`, `anthropic:…`) or `scripted`; "
+        "default: the agent's, else the server's",
+    )
+    model_options: dict[Text, JsonValue] = Field(
+        default_factory=dict,
+        description="options passed to the model; the `scripted` model reads `script`, a list "
+        "of turns: the n-th model call of the task answers with turn n",
+        examples=[{"temperature": 0}, MODEL_OPTIONS_EXAMPLE],
+    )
+    instructions: Annotated[Text, Field(max_length=50_000)] | None = Field(
+        None, description="an extra system prompt, after the agent's"
+    )
+    tools: Annotated[list[ShortText], Field(max_length=100)] | None = Field(
+        None, description="a subset of the agent's tools (default: all of them)"
+    )
+    max_steps: int | None = Field(
+        None, ge=1, description="at most this many steps (default: the agent's)"
+    )
     budget: Budget | None = None
     webhook: WebhookSpec | None = None
     metadata: Annotated[
-        dict[Annotated[str, Field(max_length=100)], MetadataValue], Field(max_length=50)
-    ] = Field(default_factory=dict)
+        dict[Annotated[Text, Field(max_length=100)], MetadataValue], Field(max_length=50)
+    ] = Field(default_factory=dict, description="yours: returned with the task, never read")
 
 
 class TaskList(BaseModel):
@@ -79,7 +188,7 @@ class TaskList(BaseModel):
 
 
 class ToolCallOut(BaseModel):
-    id: str
+    call_id: str = Field(description="the call's id, as events name it: `<step>-<position>`")
     provider_call_id: str
     name: str
     arguments: dict[str, Any]
@@ -104,11 +213,22 @@ class StepOut(BaseModel):
     tool_calls: list[ToolCallOut]
 
 
+class FailedModelCall(BaseModel):
+    started_at: datetime
+    latency_ms: int
+    error: dict[str, Any] = Field(description="`type` and `message`")
+
+
 class StepList(BaseModel):
     items: list[StepOut]
     next_cursor: str | None
     waiting: dict[str, Any] | None = Field(
         None, description="why the next step has not run yet (rate_limited, retry_backoff, …)"
+    )
+    failed_model_calls: list[FailedModelCall] = Field(
+        default_factory=list,
+        description="the next step's model calls that failed (when, how long, the error): "
+        "the step has no entry in `items` until its model answers",
     )
 
 
@@ -132,3 +252,16 @@ class AgentOut(BaseModel):
 class AgentList(BaseModel):
     items: list[AgentOut]
     next_cursor: str | None
+
+
+def document_submission(components: dict[str, Any]) -> None:
+    """Add the submit body to an OpenAPI document's schemas, with what pydantic cannot say
+    there (it resolves every ``$ref`` it meets): JSON values without NUL, and the script."""
+    refs = "#/components/schemas/{model}"
+    body = TaskCreate.model_json_schema(ref_template=refs)
+    script = Script.model_json_schema(ref_template=refs)
+    components.update(body.pop("$defs", {}))
+    components.update(script.pop("$defs", {}))
+    components["JsonValue"] = JSON_VALUE_SCHEMA
+    body["properties"]["model_options"]["properties"] = {"script": script["properties"]["script"]}
+    components["TaskCreate"] = body

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from typing import Any
 
 from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from api.problems import field_name
@@ -14,11 +16,41 @@ from api.schemas import TaskCreate
 from shared import limits
 from shared.egress import check_url
 from shared.errors import EgressDenied, InvalidRequest, NotFound
-from shared.providers import Script, parse_model
+from shared.providers import Script, check_available, parse_model, script_delays_over
 from shared.rate_limiter import LimiterUnavailable, get_limiter
 from shared.registry import get_agent, get_registry
 from shared.settings import Settings
 from shared.task_store import NewTask
+
+
+def parse(raw: bytes) -> TaskCreate:
+    """The request body as a TaskCreate, or a RequestValidationError naming each bad field.
+
+    Pydantic's JSON parser reads the body (it refuses NaN, Infinity and nesting past its
+    recursion limit, where ``json.loads`` would raise RecursionError); the document is read
+    again only when the body is invalid, to name the fields.
+    """
+    try:
+        return TaskCreate.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        errors: list[Any] = list(exc.errors(include_url=False))
+    document = _document(raw)
+    if document is None and raw:
+        unparsed = {"type": "json_invalid", "loc": (), "msg": "the body is not valid JSON"}
+        errors = [e for e in errors if e["type"] == "json_invalid"] or [unparsed]
+    elif document is None:
+        errors = [{"type": "missing", "loc": (), "msg": "a JSON request body is required"}]
+    raise RequestValidationError(
+        [{**e, "loc": ("body", *e["loc"])} for e in errors], body=document
+    ) from None
+
+
+def _document(raw: bytes) -> Any:
+    """The body as plain JSON, or None when it is not JSON Python can hold."""
+    try:
+        return json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def check_rate(tenant: str) -> None:
@@ -52,8 +84,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         raise InvalidRequest("agent", str(exc)) from exc
     model = body.model or agent.model or settings.default_model
     provider, _ = parse_model(model)
-    if provider == "scripted":
-        _check_script(body)
+    _check_model(provider, body, settings)
     tools = list(agent.tools) if body.tools is None else _check_tools(body.tools, agent.tools)
     max_steps = body.max_steps or agent.max_steps or settings.default_max_steps
     if max_steps > settings.max_steps_limit:
@@ -94,10 +125,22 @@ def _check_tools(requested: list[str], allowed: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(requested))
 
 
-def _check_script(body: TaskCreate) -> None:
+def _check_model(provider: str, body: TaskCreate, settings: Settings) -> None:
+    """A model some worker can call, and for the scripted one a script it will play."""
+    check_available(provider, settings)
+    if provider == "scripted" or "script" in body.model_options:  # as documented: any model
+        _check_script(body, settings.scripted_max_delay_ms)
+
+
+def _check_script(body: TaskCreate, max_delay_ms: int) -> None:
     try:
-        Script.model_validate(body.model_options)
+        script = Script.model_validate(body.model_options)
     except ValidationError as exc:
         first = exc.errors()[0]
         where, _ = field_name(["model_options", *first["loc"]])
         raise InvalidRequest(where, first["msg"]) from exc
+    too_slow = script_delays_over(script, max_delay_ms)
+    if too_slow is not None:
+        raise InvalidRequest(
+            too_slow, f"must be at most {max_delay_ms} (RATCHET_SCRIPTED_MAX_DELAY_MS)"
+        )

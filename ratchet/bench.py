@@ -31,6 +31,13 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _benchmark_settings() -> None:
+    # The benchmarks drive tasks with the scripted model, in this process and in the API and
+    # worker processes they start (which inherit this environment); production keeps it off.
+    os.environ.setdefault("RATCHET_SCRIPTED_MODEL", "true")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:

@@ -27,7 +27,6 @@ from shared.signing import WebhookVerificationError, verify
 
 __all__ = ["Client", "Event", "RatchetAPIError", "WebhookVerificationError", "verify_webhook"]
 TERMINAL = ("succeeded", "failed", "cancelled")
-TERMINAL_EVENTS = ("task.succeeded", "task.failed", "task.cancelled")
 
 
 class RatchetAPIError(Exception):
@@ -103,6 +102,19 @@ class Client:
         timeout = (wait or 0) + 30
         return self._json(self._http.get(f"/v1/tasks/{task_id}", params=params, timeout=timeout))
 
+    def list_tasks(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of the tenant's tasks, newest first: ``{"items": [...], "next_cursor": ...}``."""
+        params: dict[str, Any] = {"limit": limit}
+        params |= {k: v for k, v in (("status", status), ("agent", agent), ("cursor", cursor)) if v}
+        return self._json(self._http.get("/v1/tasks", params=params))
+
     def cancel(self, task_id: str) -> dict[str, Any]:
         return self._json(self._http.post(f"/v1/tasks/{task_id}/cancel"))
 
@@ -121,7 +133,7 @@ class Client:
                 return items
 
     def events(self, task_id: str, *, after: int = 0, max_reconnects: int = 10) -> Iterator[Event]:
-        """The task's events, from ``after`` on, ending with the terminal one.
+        """The task's events, from ``after`` on, until the one that ends it.
 
         A dropped stream is resumed with ``Last-Event-ID``: every event comes exactly once.
         """
@@ -131,9 +143,9 @@ class Client:
                 for event in self._stream(task_id, last):
                     last, failures = event.seq, 0
                     yield event
-                    if event.type in TERMINAL_EVENTS:
-                        return
-                return  # the server ended the stream: the terminal event came earlier
+                # The server ends the stream after the terminal event that is the task's
+                # current state (a failure followed by a retry's events is not the end).
+                return
             except (httpx.TransportError, httpx.RemoteProtocolError):
                 failures += 1
                 if failures > max_reconnects:

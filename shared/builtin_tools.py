@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import math
 import operator
-import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -95,9 +94,10 @@ def current_time(timezone: str = "UTC") -> str:
 
 
 @tool(idempotent=True)
-def sleep(seconds: Annotated[float, Field(ge=0, le=600)]) -> str:
+def sleep(seconds: Annotated[float, Field(ge=0, le=600)], context: ToolContext) -> str:
     """Wait for the given number of seconds, then return."""
-    time.sleep(seconds)
+    if context.cancelled.wait(seconds):
+        return "cancelled"
     return f"slept {seconds} s"
 
 

@@ -9,3 +9,5 @@ REDIS_PREFIX = "ratchet:"
 EVENTS_CHANNEL_PREFIX = REDIS_PREFIX + "events:"
 # Every rate-limiter key carries the {rl} hash tag: one cluster slot, so one script sees all.
 RATE_LIMIT_PREFIX = REDIS_PREFIX + "{rl}:"
+# Published when a cancel is requested for a running task: wakes its step in flight.
+CANCELS_CHANNEL = REDIS_PREFIX + "cancels"

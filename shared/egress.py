@@ -9,15 +9,34 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import logging
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 
 import httpx
 
 from shared.errors import EgressDenied
+from shared.settings import Settings
+
+log = logging.getLogger("ratchet.egress")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# IPv6 prefixes whose last 32 bits are an IPv4 address that a translator or a dual-stack host
+# may connect to: IPv4-compatible (::/96), IPv4-translated (::ffff:0:0:0/96, RFC 2765) and
+# NAT64's well-known prefix (64:ff9b::/96, RFC 6052). IPv4-mapped and 6to4 have their own
+# accessors in ipaddress.
+_EMBEDDING_IPV4 = tuple(
+    ipaddress.IPv6Network(n) for n in ("::/96", "::ffff:0:0:0/96", "64:ff9b::/96")
+)
+# Never public, whatever they embed: NAT64's local-use prefix (RFC 8215), where the IPv4
+# address may sit anywhere after the prefix, and the deprecated site-local fec0::/10, which
+# some stacks still route inside the site.
+_NEVER_PUBLIC = tuple(ipaddress.IPv6Network(n) for n in ("64:ff9b:1::/48", "fec0::/10"))
+# Hosts that only an allow-list matching everything lets through.
+_PROBE_HOSTS = ("127.0.0.1", "169.254.169.254", "10.0.0.1", "localhost", "[::1]")
 
 
 @dataclass(frozen=True)
@@ -32,11 +51,52 @@ def host_allowed(host: str, allowed: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(host, pattern.lower().strip("[]")) for pattern in allowed)
 
 
+def allows_everything(allowed: Iterable[str]) -> bool:
+    """True when the allow-list lets loopback, private and metadata hosts through (``*``)."""
+    allowed = list(allowed)
+    return all(host_allowed(host, allowed) for host in _PROBE_HOSTS)
+
+
+def warn_if_open(settings: Settings) -> None:
+    """Log one warning at start when an allow-list turns the SSRF policy off."""
+    open_lists = tuple(
+        name
+        for name, allowed in (
+            ("RATCHET_HTTP_ALLOWED_HOSTS", settings.http_allowed_hosts),
+            ("RATCHET_WEBHOOK_ALLOWED_HOSTS", settings.webhook_allowed_hosts),
+        )
+        if allows_everything(allowed)
+    )
+    if open_lists:
+        _warn_open(open_lists)
+
+
+@cache  # once per process: `ratchet dev` starts the API and a worker in one
+def _warn_open(open_lists: tuple[str, ...]) -> None:
+    log.warning(
+        "the egress policy is off: %s allows every host, loopback, private and cloud "
+        "metadata addresses included",
+        " and ".join(open_lists),
+    )
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if any(address in network for network in _EMBEDDING_IPV4):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)  # :: and ::1 give 0.0.0.x
+    return None
+
+
 def _is_public(address: IPAddress) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return _is_public(address.ipv4_mapped)
-    if isinstance(address, ipaddress.IPv6Address) and address.sixtofour is not None:
-        return _is_public(address.sixtofour)
+    if isinstance(address, ipaddress.IPv6Address):
+        if any(address in network for network in _NEVER_PUBLIC):
+            return False
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            return _is_public(embedded)
     return address.is_global and not address.is_multicast
 
 

@@ -4,6 +4,7 @@ RatchetError
 ├── NotFound                    a row that does not exist (or belongs to another tenant)
 ├── Conflict                    a state change that the current state forbids
 ├── InvalidRequest              input that names a field and says what is wrong with it
+├── KeyRejected                 an API key that is malformed, unknown, revoked or expired
 ├── IdempotencyMismatch         an Idempotency-Key reused with a different body
 ├── DatabaseNotMigrated         the schema is behind the code
 ├── LeaseLost                   this worker no longer holds the task's lease: stop, write nothing
@@ -45,6 +46,10 @@ class InvalidRequest(RatchetError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.reason = message
+
+
+class KeyRejected(RatchetError):
+    """The API key is not valid."""
 
 
 class IdempotencyMismatch(RatchetError):

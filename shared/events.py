@@ -4,13 +4,14 @@ are reserved by the task row's UPDATE; see task_store.write and task_store.inser
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.models import TaskEvent
 
-EVENT_TYPES = (
+EventType = Literal[
     "task.queued",
     "task.started",
     "step.model_response",
@@ -20,7 +21,8 @@ EVENT_TYPES = (
     "task.succeeded",
     "task.failed",
     "task.cancelled",
-)
+]
+EVENT_TYPES: tuple[str, ...] = get_args(EventType)  # the one list of them
 TERMINAL_EVENT_TYPES = ("task.succeeded", "task.failed", "task.cancelled")
 
 
@@ -33,3 +35,13 @@ def list_events(
         .order_by(TaskEvent.seq)
         .limit(limit)
     ).all()
+
+
+def last_event(session: Session, task_id: str) -> TaskEvent | None:
+    """The newest event of the task: terminal only while the task's current state is."""
+    return session.scalars(
+        select(TaskEvent)
+        .where(TaskEvent.task_id == task_id)
+        .order_by(TaskEvent.seq.desc())
+        .limit(1)
+    ).first()

@@ -22,7 +22,7 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.rate_limiter import Bucket, LimiterUnavailable, Take, get_limiter
 from shared.settings import get_settings
@@ -46,18 +46,46 @@ class LimitsConfig(BaseModel):
     tenants: dict[str, LimitSpec] = Field(default_factory=dict)
 
 
+def parse_inline(text: str) -> LimitsConfig:
+    """``RATCHET_RATE_LIMITS``; ValueError naming what is wrong (settings validation calls it)."""
+    try:
+        return LimitsConfig.model_validate_json(text)
+    except ValidationError as exc:
+        raise ValueError(_first_error(exc)) from None
+
+
+def parse_file(file: Path) -> LimitsConfig:
+    """``RATCHET_RATE_LIMITS_FILE``; ValueError naming what is wrong."""
+    try:
+        loaded = tomllib.loads(file.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {file}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {file}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{file} is not valid TOML: {exc}") from None
+    try:
+        return LimitsConfig.model_validate(loaded)
+    except ValidationError as exc:
+        raise ValueError(f"{file}: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else error["msg"]
+
+
 @lru_cache
 def _load(file: Path | None, inline: str) -> LimitsConfig:
-    data: dict[str, dict[str, dict[str, object]]] = {"models": {}, "tenants": {}}
-    if file is not None:
-        loaded = tomllib.loads(file.read_text())
-        for section in ("models", "tenants"):
-            data[section].update(loaded.get(section, {}))
+    # Both were checked when the settings were read; the env wins over the file on a clash.
+    config = parse_file(file) if file is not None else LimitsConfig()
     if inline:
-        extra = LimitsConfig.model_validate_json(inline)
-        data["models"].update({k: v.model_dump() for k, v in extra.models.items()})
-        data["tenants"].update({k: v.model_dump() for k, v in extra.tenants.items()})
-    return LimitsConfig.model_validate(data)
+        extra = parse_inline(inline)
+        config = LimitsConfig(
+            models={**config.models, **extra.models}, tenants={**config.tenants, **extra.tenants}
+        )
+    return config
 
 
 def limits() -> LimitsConfig:
@@ -163,3 +191,10 @@ def configured_buckets() -> list[Bucket]:
         if take:
             out.append(take.bucket)
     return out
+
+
+def tenant_buckets(tenant: str) -> list[Bucket]:
+    """The buckets that hold back ``tenant``'s own calls and submissions."""
+    out = [b for b in _buckets(f"tenant:{tenant}", _tenant_spec(tenant)) if b]
+    take = submission_take(tenant)
+    return [*out, take.bucket] if take else out

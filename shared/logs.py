@@ -90,6 +90,8 @@ def configure(*, log_format: str, level: str | int, capture_warnings: bool = Fal
         logger = logging.getLogger(name)
         logger.handlers.clear()  # theirs would print the same record a second time, unformatted
         logger.propagate = True
+    # Alembic's plugin registry says hello at INFO in every process that checks the schema.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     logging.captureWarnings(capture_warnings)
 
 

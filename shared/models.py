@@ -65,7 +65,11 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     scopes: Mapped[list[Any]]
+    name: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None]
+    # Written at most once a minute per key (see tenants.authenticate), not on every request.
+    last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
 
 
@@ -115,7 +119,7 @@ class Task(Base):
     # When the next step should run; the sweeper re-enqueues runnable tasks long past due.
     due_ms: Mapped[int | None] = mapped_column(BigInteger)
     deadline_ms: Mapped[int | None] = mapped_column(BigInteger)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    cancel_requested_at: Mapped[datetime | None]  # a cancel asked for and not landed yet
     last_event_seq: Mapped[int] = mapped_column(default=0)
 
     idempotency_key: Mapped[str | None] = mapped_column(String(255))

@@ -14,12 +14,13 @@ from functools import lru_cache
 
 import redis
 
-from shared.constants import EVENTS_CHANNEL_PREFIX
+from shared.constants import CANCELS_CHANNEL, EVENTS_CHANNEL_PREFIX
 from shared.settings import get_settings
 
 log = logging.getLogger("ratchet.notify")
 Listener = Callable[[str], None]
 _listeners: set[Listener] = set()
+_cancel_listeners: set[Listener] = set()
 _lock = threading.Lock()
 
 
@@ -55,3 +56,23 @@ def publish(task_ids: Iterable[str]) -> None:
                 _client(settings.redis_url).publish(channel(task_id), "1")
             except redis.RedisError:
                 log.debug("event wake-up not published", exc_info=True)
+
+
+def add_cancel_listener(listener: Listener) -> None:
+    with _lock:
+        _cancel_listeners.add(listener)
+
+
+def publish_cancel(task_id: str) -> None:
+    """Tell the worker running ``task_id`` that a cancel was requested, so that its step stops
+    waiting. Never raises: a lost wake-up leaves it to the heartbeat, which sees the flag."""
+    settings = get_settings()
+    with _lock:
+        local = list(_cancel_listeners)
+    for listener in local:
+        listener(task_id)
+    if not settings.embedded:
+        try:
+            _client(settings.redis_url).publish(CANCELS_CHANNEL, task_id)
+        except redis.RedisError:
+            log.warning("cancel wake-up for %s not published; the heartbeat will see it", task_id)

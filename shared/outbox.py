@@ -71,10 +71,14 @@ def subscriptions_for(session: Session, task: TaskState) -> list[Subscription]:
 
 
 def delivery_rows(
-    subscriptions: Sequence[Subscription], events: Sequence[tuple[int, str, dict[str, Any]]]
+    subscriptions: Sequence[Subscription],
+    events: Sequence[tuple[int, str, dict[str, Any]]],
+    *,
+    task_id: str,
 ) -> list[dict[str, Any]]:
     """One delivery per (event, subscription) that wants it: ``offset`` is the event's key in
-    ``events`` (its seq, or its place in a batch), ``id`` the delivery's webhook-id."""
+    ``events`` (its seq, or its place in a batch), ``id`` the delivery's webhook-id. Every
+    body names its task (a step event's data names its step)."""
     timestamp = datetime.now(UTC).isoformat()
     return [
         {
@@ -83,7 +87,7 @@ def delivery_rows(
             "offset": offset,
             "event_type": type_,
             "url": sub.url,
-            "payload": {"type": type_, "timestamp": timestamp, "data": data},
+            "payload": {"type": type_, "timestamp": timestamp, "task_id": task_id, "data": data},
         }
         for offset, type_, data in events
         for sub in subscriptions
@@ -107,7 +111,7 @@ def add_deliveries(
     events: Sequence[tuple[int, str, dict[str, Any]]],
 ) -> list[str]:
     """Queue one delivery per (event, subscription) that wants it; returns their ids."""
-    rows = delivery_rows(subscriptions, events)
+    rows = delivery_rows(subscriptions, events, task_id=task_id)
     if rows:
         session.execute(
             INSERT_DELIVERY,
@@ -374,6 +378,19 @@ def redeliver(session: Session, tenant_id: str, delivery_id: str) -> WebhookDeli
     return delivery
 
 
+def attempts_of(session: Session, delivery_ids: Sequence[str]) -> dict[str, list[WebhookAttempt]]:
+    """Each delivery's attempts, in order."""
+    attempts: dict[str, list[WebhookAttempt]] = {d: [] for d in delivery_ids}
+    if delivery_ids:
+        for attempt in session.scalars(
+            select(WebhookAttempt)
+            .where(WebhookAttempt.delivery_id.in_(list(delivery_ids)))
+            .order_by(WebhookAttempt.delivery_id, WebhookAttempt.number)
+        ):
+            attempts[attempt.delivery_id].append(attempt)
+    return attempts
+
+
 def list_for_task(
     session: Session, task_id: str, *, after: str | None, limit: int
 ) -> tuple[list[WebhookDelivery], dict[str, list[WebhookAttempt]], str | None]:
@@ -383,15 +400,7 @@ def list_for_task(
     rows = list(session.scalars(query.order_by(WebhookDelivery.id).limit(limit + 1)).all())
     more = len(rows) > limit
     rows = rows[:limit]
-    attempts: dict[str, list[WebhookAttempt]] = {r.id: [] for r in rows}
-    if rows:
-        for attempt in session.scalars(
-            select(WebhookAttempt)
-            .where(WebhookAttempt.delivery_id.in_(list(attempts)))
-            .order_by(WebhookAttempt.delivery_id, WebhookAttempt.number)
-        ):
-            attempts[attempt.delivery_id].append(attempt)
-    return rows, attempts, rows[-1].id if more else None
+    return rows, attempts_of(session, [r.id for r in rows]), rows[-1].id if more else None
 
 
 def add_endpoint(

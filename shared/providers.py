@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
 
 PROVIDERS = ("openai", "anthropic", "scripted")
 
@@ -21,6 +24,31 @@ def parse_model(model: str) -> tuple[str, str]:
     if provider != "scripted" and not name:
         raise InvalidRequest("model", f"write the model as '{provider}:<model name>'")
     return provider, name
+
+
+def check_available(provider: str, settings: Settings) -> None:
+    """Refuse a model no worker could call: the scripted model while it is off, or a provider
+    with neither an API key nor a base URL of its own (a local OpenAI- or Anthropic-compatible
+    server may need no key)."""
+    if provider == "scripted":
+        if not settings.scripted_model:
+            raise InvalidRequest(
+                "model", "the scripted model is off on this server (RATCHET_SCRIPTED_MODEL)"
+            )
+        return
+    key = getattr(settings, f"{provider}_api_key")
+    base_url = getattr(settings, f"{provider}_base_url")
+    if key is None and base_url is None:
+        setting = f"RATCHET_{provider.upper()}_API_KEY"
+        raise InvalidRequest("model", f"{provider} models are not configured ({setting} is unset)")
+
+
+def script_delays_over(script: Script, max_delay_ms: int) -> str | None:
+    """The field of the first turn that would sleep longer than ``max_delay_ms``, if any."""
+    for index, turn in enumerate(script.script):
+        if turn.delay_ms > max_delay_ms:
+            return f"model_options.script[{index}].delay_ms"
+    return None
 
 
 class ScriptedToolCall(BaseModel):

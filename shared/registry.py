@@ -30,6 +30,9 @@ class ToolContext:
     tenant_id: str
     call_id: str
     idempotency_key: str
+    # Set when the task is cancelled while the call runs: a long tool may watch it and stop
+    # early (the step has stopped waiting for it by then).
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,17 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from shared.errors import InvalidRequest
 
 CommaList = Annotated[list[str], NoDecode]
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def _split_commas(value: object) -> object:
@@ -44,7 +50,7 @@ class Settings(BaseSettings):
     visibility_timeout_seconds: int = Field(3600, ge=60)
     step_time_limit_seconds: int = Field(900, ge=10)
     shutdown_grace_seconds: float = Field(20.0, ge=0)
-    worker_metrics_port: int = Field(0, ge=0, le=65535)  # 0: no metrics server
+    worker_metrics_port: int = Field(9464, ge=0, le=65535)  # 0: no metrics server
     # Steps one worker process runs at once: a step waiting on its model or a tool holds one
     # of these threads and nothing scarcer (no database connection, no Celery slot).
     worker_threads: int = Field(256, ge=1, le=4096)
@@ -52,6 +58,16 @@ class Settings(BaseSettings):
     # lease heartbeat has one more of its own.
     db_pool_size: int = Field(6, ge=1, le=100)
     db_pool_overflow: int = Field(1, ge=0, le=100)
+    # How long PostgreSQL may keep a caller waiting before it gets an error (a 503 from the
+    # API): to connect, for a free connection in the pool, for one statement (also the bound
+    # on waiting for a server that went silent mid-statement; 0: no bound), and between the
+    # statements of an open transaction (empty: the lease's length, so a stalled process
+    # never keeps the rows it locked). Keepalives find a dead peer of an idle connection.
+    db_connect_timeout_seconds: int = Field(5, ge=2, le=300)
+    db_pool_timeout_seconds: float = Field(10.0, gt=0)
+    db_statement_timeout_seconds: float = Field(30.0, ge=0)
+    db_idle_in_transaction_timeout_seconds: float | None = Field(None, gt=0)
+    db_keepalive_seconds: int = Field(10, ge=1, le=3600)
     sweep_interval_seconds: float = Field(5.0, gt=0)
     sweep_grace_seconds: float = Field(30.0, ge=0)
 
@@ -63,6 +79,10 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str | None = None
     anthropic_api_key: SecretStr | None = None
+    # The deterministic `scripted` model: on under `ratchet dev` and in the tests, off in
+    # production, where a task could otherwise hold a worker for as long as it likes.
+    scripted_model: bool = False
+    scripted_max_delay_ms: int = Field(60_000, ge=0, le=600_000)
 
     rate_limits: str = ""
     rate_limits_file: Path | None = None
@@ -79,7 +99,7 @@ class Settings(BaseSettings):
     http_allowed_hosts: CommaList = []
     webhook_allowed_hosts: CommaList = []
     # Seconds before each attempt: the first is immediate, then 5 s, 5 min, 30 min, 2 h, …
-    webhook_retry_schedule: Annotated[list[float], NoDecode] = [
+    webhook_retry_schedule: Annotated[list[Annotated[float, Field(ge=0)]], NoDecode] = [
         0,
         5,
         300,
@@ -93,6 +113,22 @@ class Settings(BaseSettings):
     webhook_secret_overlap_hours: float = Field(24.0, ge=0)
     tool_timeout_seconds: float = Field(60.0, gt=0)
 
+    # The API server under hostile clients (api/server.py) and its waiting requests
+    # (api/stream_limits.py). A request head (request line and headers) over these sizes is
+    # refused with a 431; one not complete within the header timeout, or a body not complete
+    # within the body timeout, is dropped. Connections past api_max_connections get a 503.
+    api_max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216)
+    api_max_headers: int = Field(100, ge=10, le=10_000)
+    api_header_timeout_seconds: float = Field(10.0, gt=0)
+    api_body_timeout_seconds: float = Field(30.0, gt=0)
+    api_keep_alive_seconds: int = Field(5, ge=1)
+    api_max_connections: int = Field(2048, ge=16)
+    api_backlog: int = Field(2048, ge=16)
+    # SSE streams and long polls (?wait=) held open at once by one API process: in all, and
+    # by one tenant. Past them a request gets a 503 or a 429, with Retry-After.
+    api_max_streams: int = Field(1000, ge=1)
+    api_max_streams_per_tenant: int = Field(100, ge=1)
+
     _split = field_validator(
         "agent_modules",
         "http_allowed_hosts",
@@ -101,13 +137,78 @@ class Settings(BaseSettings):
         mode="before",
     )(_split_commas)
 
+    # --- checked when the settings are read, so a bad value stops a process at start -------
+
     @field_validator("database_url")
     @classmethod
-    def _psycopg_driver(cls, value: str) -> str:
+    def _database_url(cls, value: str) -> str:
+        if not value:
+            return value
         # Accept the usual libpq-style URL and point SQLAlchemy at psycopg 3.
         for prefix in ("postgres://", "postgresql://"):
             if value.startswith(prefix):
-                return "postgresql+psycopg://" + value[len(prefix) :]
+                value = "postgresql+psycopg://" + value[len(prefix) :]
+        try:
+            backend = make_url(value).get_backend_name()
+        except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+            raise ValueError("not a database URL (postgresql://… or sqlite:///…)") from None
+        if backend not in ("postgresql", "sqlite"):
+            raise ValueError(f"{backend!r} is not supported: use postgresql://… or sqlite:///…")
+        return value
+
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _broker_url(cls, value: str, info: ValidationInfo) -> str:
+        if not value:
+            return value
+        parts = urlsplit(value)
+        schemes = REDIS_SCHEMES if info.field_name == "redis_url" else None
+        if not parts.scheme or "://" not in value or (schemes and parts.scheme not in schemes):
+            raise ValueError(f"not a URL of {' or '.join(schemes or ('a broker',))}: {value!r}")
+        return value
+
+    @field_validator("openai_base_url", "anthropic_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None  # set but empty: the provider's own endpoint
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL with a host: {value!r}")
+        return value
+
+    @field_validator("openai_api_key", "anthropic_api_key")
+    @classmethod
+    def _key(cls, value: SecretStr | None) -> SecretStr | None:
+        return value if value is not None and value.get_secret_value() else None
+
+    @field_validator("default_model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        from shared.providers import parse_model  # imported late: it reads these settings
+
+        try:
+            parse_model(value)
+        except InvalidRequest as exc:
+            raise ValueError(exc.reason) from None
+        return value
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _rate_limits(cls, value: str) -> str:
+        if value.strip():
+            from shared.limits import parse_inline  # imported late: it reads these settings
+
+            parse_inline(value)
+        return value
+
+    @field_validator("rate_limits_file")
+    @classmethod
+    def _rate_limits_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            from shared.limits import parse_file  # imported late: it reads these settings
+
+            parse_file(value)
         return value
 
     @property
@@ -130,3 +231,16 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def describe_invalid(exc: ValidationError | SettingsError) -> str:
+    """One line naming each bad setting and what is wrong with it, for a process that stops."""
+    if isinstance(exc, SettingsError):
+        return " ".join(str(exc).split())
+    problems = []
+    for error in exc.errors():
+        name, *rest = error["loc"] or ("settings",)
+        where = f"RATCHET_{str(name).upper()}" + "".join(f"[{part}]" for part in rest)
+        message = " ".join(error["msg"].removeprefix("Value error, ").split())
+        problems.append(f"{where}: {message}")
+    return "; ".join(problems)

@@ -222,7 +222,7 @@ def decode_cursor(cursor: str) -> str:
         value = raw.decode()
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError("malformed cursor") from exc
-    if not value:
+    if not value or not value.isprintable():  # no cursor holds a NUL or control character
         raise ValueError("malformed cursor")
     return value
 
@@ -352,7 +352,7 @@ def _log_in_batch(
     subscriptions = outbox.subscriptions_for(session, task)
     if subscriptions:
         offsets = [(i, type_, data) for i, (type_, data) in enumerate(resolved, 1)]
-        to.deliveries = outbox.delivery_rows(subscriptions, offsets)
+        to.deliveries = outbox.delivery_rows(subscriptions, offsets, task_id=task.id)
         to.first_delay_ms = outbox.first_delay_ms()
 
 
@@ -533,7 +533,7 @@ def _write_statement(shape: tuple[tuple[str, str], ...], *, honour_cancel: bool)
     condition = (c.id == bindparam("b_task_id")) & (c.lease_epoch == bindparam("b_epoch"))
     condition &= _runnable(c.status)
     if honour_cancel:
-        condition &= c.cancel_requested.is_(False)
+        condition &= c.cancel_requested_at.is_(None)
     return (
         update(_TASKS)
         .where(condition)
@@ -599,19 +599,20 @@ def write(
 
 def _refuse(session: Session, lease: Lease) -> NoReturn:
     """Why a fenced write matched nothing: a requested cancel, else a lost lease."""
-    cancel = session.scalar(select(Task.cancel_requested).where(_held(lease)))
-    if cancel:
+    cancel = session.scalar(select(Task.cancel_requested_at).where(_held(lease)))
+    if cancel is not None:
         raise CancelRequested(f"task {lease.task_id}: cancellation requested")
     raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
 
 
 def extend_leases(
     session: Session, leases: Sequence[Lease], *, ttl_ms: int
-) -> set[tuple[str, int]]:
+) -> dict[tuple[str, int], bool]:
     """The heartbeat of many leases in one statement: extend each one still held by ``ttl_ms``;
-    returns (task id, epoch) of each lease extended (any other was lost)."""
+    returns (task id, epoch) of each lease extended (any other was lost), and whether a cancel
+    of its task was requested."""
     if not leases:
-        return set()
+        return {}
     pairs = [(lease.task_id, lease.epoch) for lease in leases]
     rows = session.execute(
         update(Task)
@@ -620,10 +621,10 @@ def extend_leases(
             Task.status.in_(TaskStatus.RUNNABLE),
         )
         .values(lease_expires_ms=now_ms() + ttl_ms)
-        .returning(Task.id, Task.lease_epoch)
+        .returning(Task.id, Task.lease_epoch, Task.cancel_requested_at)
         .execution_options(synchronize_session=False)
     ).all()
-    return {(row.id, row.lease_epoch) for row in rows}
+    return {(row.id, row.lease_epoch): row.cancel_requested_at is not None for row in rows}
 
 
 def usage_values(*, input_tokens: int, output_tokens: int, cost_usd: float) -> dict[str, Any]:
@@ -717,7 +718,7 @@ def _terminal(
         "lease_owner": None,
         "lease_expires_ms": None,
         "due_ms": None,
-        "cancel_requested": False,
+        "cancel_requested_at": None,
         "model_failures": 0,
         "waiting": None,
     }
@@ -769,7 +770,7 @@ def request_cancel(
     session.execute(
         update(Task)
         .where(Task.id == task_id, Task.status.not_in(TaskStatus.TERMINAL))
-        .values(cancel_requested=True, updated_at=utcnow())
+        .values(cancel_requested_at=utcnow(), updated_at=utcnow())
         .execution_options(synchronize_session=False)
     )
     session.refresh(task)

@@ -28,6 +28,8 @@ class TaskView(BaseModel):
     result: dict[str, Any] | None
     error: dict[str, Any] | None
     pending_approval: dict[str, Any] | None
+    # A cancel asked for while a step was in flight, until the task is cancelled.
+    cancel_requested_at: datetime | None = None
     metadata: dict[str, Any]
 
 
@@ -94,9 +96,11 @@ class TaskState(Protocol):
     @property
     def deadline_ms(self) -> int | None: ...
     @property
-    def cancel_requested(self) -> bool: ...
+    def cancel_requested_at(self) -> datetime | None: ...
     @property
     def model_failures(self) -> int: ...
+    @property
+    def waiting(self) -> dict[str, Any] | None: ...
     @property
     def last_event_seq(self) -> int: ...
     @property
@@ -128,6 +132,7 @@ def task_view(task: TaskState) -> TaskView:
         result=task.result,
         error=task.error,
         pending_approval=task.pending_approval,
+        cancel_requested_at=aware(task.cancel_requested_at),
         metadata=task.meta,
     )
 

@@ -24,6 +24,10 @@ REDIS_URL = os.environ.get("RATCHET_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
 RUN_ID = uuid.uuid4().hex[:8]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# The tests drive tasks with the deterministic `scripted` model, which production keeps off;
+# set here, it reaches every process a test starts as well (they inherit this environment).
+os.environ["RATCHET_SCRIPTED_MODEL"] = "true"
+
 
 def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -92,6 +96,8 @@ def service_env(database_url: str) -> Iterator[dict[str, str]]:
         "RATCHET_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "RATCHET_MODEL_RETRY_BASE_SECONDS": "0.05",
         "RATCHET_AGENT_MODULES": "tests.sample_agents",
+        # Workers serve metrics only where a test asks (on a port of its own).
+        "RATCHET_WORKER_METRICS_PORT": "0",
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import signals
 
-from shared import logs, tracing
+from shared import egress, logs, tracing
 from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
 from shared.db import reset_engines
 from shared.queue import get_celery
@@ -55,6 +55,7 @@ def _drain_steps(**_: Any) -> None:
 
 @signals.worker_init.connect
 def _load_registry(**_: Any) -> None:
+    egress.warn_if_open(get_settings())
     get_registry()
     tokens.bundled()  # before the fork: the processes share it, and no step waits for it
     tracing.configure("ratchet-worker")

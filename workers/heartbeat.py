@@ -24,6 +24,7 @@ from shared import task_store
 from shared.db import write_session
 from shared.settings import get_settings
 from shared.task_store import Lease
+from workers import cancels
 
 log = logging.getLogger("ratchet.heartbeat")
 _lock = threading.Lock()
@@ -96,6 +97,9 @@ def _extend_batch(leases: list[Lease], *, ttl_ms: int) -> None:
                 _leases.pop(id(lease), None)
             elif (kept_since := _leases.get(id(lease))) is not None:
                 _leases[id(lease)] = (lease, kept_since[1], now)
+    for (task_id, _), cancel_requested in held.items():
+        if cancel_requested:  # in case its wake-up was lost
+            cancels.cancel(task_id)
 
 
 def _run() -> None:

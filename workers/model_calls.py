@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
@@ -73,9 +74,16 @@ class RetryPolicy:
 
 
 def complete(
-    provider: Provider, request: ModelRequest, *, model: str, tenant: str, prior_failures: int
+    provider: Provider,
+    request: ModelRequest,
+    *,
+    model: str,
+    tenant: str,
+    prior_failures: int,
+    failed: list[dict[str, Any]] | None = None,
 ) -> ModelResponse:
-    """The model's answer; raises ModelError (give up) or Deferred (come back later)."""
+    """The model's answer; raises ModelError (give up) or Deferred (come back later). Each
+    failed call is added to ``failed`` (when, how long, the error), for the step timeline."""
     policy = RetryPolicy(prior=prior_failures)
     retrying = Retrying(
         retry=retry_if_exception_type(ModelTransientError),
@@ -85,7 +93,9 @@ def complete(
         reraise=True,
     )
     try:
-        response = retrying(limited_call, provider, request, model=model, tenant=tenant)
+        response = retrying(
+            limited_call, provider, request, model=model, tenant=tenant, failed=failed
+        )
     except ModelError as exc:
         exc.args = (
             f"{exc} (after {policy.prior + retrying.statistics.get('attempt_number', 1)} attempts)",
@@ -95,27 +105,25 @@ def complete(
 
 
 def limited_call(
-    provider: Provider, request: ModelRequest, *, model: str, tenant: str
+    provider: Provider,
+    request: ModelRequest,
+    *,
+    model: str,
+    tenant: str,
+    failed: list[dict[str, Any]] | None = None,
 ) -> ModelResponse:
     """One provider call inside every bucket that applies; the buckets see the real usage."""
     takes = limits.call_takes(
         model, tenant, tokens.request_tokens(request, model, default_output=DEFAULT_OUTPUT_ESTIMATE)
     )
     wait_for_capacity(takes, model)
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), datetime.now(UTC)
     try:
         response = provider.complete(request)
-    except ModelRateLimited as exc:
-        metrics.model_calls.labels(model=model, outcome="rate_limited").inc()
-        pause = exc.retry_after or get_settings().provider_block_default_seconds
-        _safely(lambda: get_limiter().block(model, pause))
-        _refund(takes)
-        log.warning("%s answered 429: pausing it fleet-wide for %.1f s", model, pause)
-        _safely(lambda: _adapt(model, pause))
-        raise
     except ModelError as exc:
-        metrics.model_calls.labels(model=model, outcome=exc.error_type).inc()
-        _refund(takes)
+        if failed is not None:
+            failed.append(failed_call(exc, started_at, time.perf_counter() - started))
+        _after_error(exc, takes, model)
         raise
     metrics.model_calls.labels(model=model, outcome="ok").inc()
     metrics.model_seconds.labels(model=model).observe(time.perf_counter() - started)
@@ -126,6 +134,27 @@ def limited_call(
         if take.bucket.scope.endswith(":tokens"):
             _safely(lambda take=take: get_limiter().adjust(take, used - take.cost))
     return response
+
+
+def failed_call(exc: ModelError, started_at: datetime, seconds: float) -> dict[str, Any]:
+    return {
+        "started_at": started_at.isoformat(),
+        "latency_ms": int(seconds * 1000),
+        "error": {"type": exc.error_type, "message": str(exc)[:500]},
+    }
+
+
+def _after_error(exc: ModelError, takes: list[Take], model: str) -> None:
+    """A failed call used none of its tokens; a 429 pauses the model for the whole fleet."""
+    _refund(takes)
+    if not isinstance(exc, ModelRateLimited):
+        metrics.model_calls.labels(model=model, outcome=exc.error_type).inc()
+        return
+    metrics.model_calls.labels(model=model, outcome="rate_limited").inc()
+    pause = exc.retry_after or get_settings().provider_block_default_seconds
+    _safely(lambda: get_limiter().block(model, pause))
+    log.warning("%s answered 429: pausing it fleet-wide for %.1f s", model, pause)
+    _safely(lambda: _adapt(model, pause))
 
 
 def _adapt(model: str, pause_s: float) -> None:

@@ -23,11 +23,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, NoReturn
 
 from opentelemetry.trace import StatusCode
+from redis.exceptions import RedisError
 from sqlalchemy import select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from shared import checkpoints, failpoints, ledger, logs, metrics, notify, task_store, tracing
@@ -37,15 +39,17 @@ from shared.errors import CancelRequested, LeaseLost, ModelError
 from shared.models import Step, TaskStatus, Tenant, ToolCall, utcnow
 from shared.pricing import cost_usd
 from shared.queue import enqueue_step
+from shared.rate_limiter import LimiterUnavailable
 from shared.registry import Agent, Tool, ToolContext, get_agent, get_registry
 from shared.settings import get_settings
 from shared.task_store import Lease, LeaseRefused
 from shared.views import TaskState, task_document
-from workers import heartbeat, model_calls, tool_runner, webhook_sender
+from workers import cancels, heartbeat, model_calls, tool_runner, webhook_sender
 from workers.models import ModelRequest, ModelResponse, ToolCallRequest, get_provider
 from workers.models.base import Message, ToolSchema
 
 log = logging.getLogger("ratchet.step")
+KEPT_ATTEMPTS = 20  # failed model calls of a step kept for its timeline (the latest)
 CANCELLED_ERROR = task_store.CANCELLED_ERROR
 
 
@@ -215,14 +219,14 @@ def run_leased(ctx: Context) -> str:
     lease = ctx.lease
     extra = {"task_id": lease.task_id, "step": lease.step, "lease_epoch": lease.epoch}
     try:
-        with heartbeat.kept(lease):
+        with heartbeat.kept(lease), cancels.watching(lease.task_id):
             return "finished" if run_step(ctx) else "committed"
     except LeaseLost as exc:
         log.warning("fenced: %s", exc, extra=extra)
         return "fenced"
     except DBAPIError as exc:
         if not session_ended(exc):
-            raise
+            return give_up_or_fail(ctx, exc)
         # The database ended this worker's session (it stalled past the idle-in-transaction
         # limit, or was cut off): its open transaction was rolled back. As when fenced, stop;
         # the lease runs out and the task carries on elsewhere.
@@ -237,6 +241,46 @@ def run_leased(ctx: Context) -> str:
         return "fenced"
     except TaskEnded:
         return "ended"
+    except Exception as exc:
+        return give_up_or_fail(ctx, exc)
+
+
+def give_up_or_fail(ctx: Context, exc: Exception) -> str:
+    """An unexpected error: if another try may go otherwise, raise it (the lease runs out and
+    the step runs again, here or elsewhere); otherwise fail the task with it."""
+    if transient(exc) or isinstance(exc, failpoints.InjectedFault):  # the latter: a crash
+        raise exc
+    return fail_on_error(ctx, exc)
+
+
+def transient(exc: Exception) -> bool:
+    """Whether another try may go otherwise: the database or Redis out of reach, a timeout.
+    Anything else (a value out of range, a constraint, a bug) fails the same way each time."""
+    if isinstance(exc, DBAPIError):
+        return session_ended(exc) or isinstance(exc, OperationalError | InterfaceError)
+    return isinstance(exc, RedisError | OSError | TimeoutError | LimiterUnavailable)
+
+
+def fail_on_error(ctx: Context, exc: Exception) -> str:
+    """A step that would fail the same way on every try fails its task now, with the real
+    error, rather than being retried until it looks like a worker that keeps dying."""
+    lease = ctx.lease
+    log.exception(
+        "step %d failed with an error that a retry would meet again: the task fails",
+        lease.step,
+        extra={"task_id": lease.task_id, "step": lease.step, "lease_epoch": lease.epoch},
+    )
+    try:
+        fail(ctx, "internal_error", describe(exc))
+    except TaskEnded:
+        return "ended"
+
+
+def describe(exc: Exception) -> str:
+    """The error as a client may read it: its type and message, never SQL or its parameters."""
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    return f"{type(cause).__name__}: {text}"[:500]
 
 
 def session_ended(exc: DBAPIError) -> bool:
@@ -312,9 +356,18 @@ def fenced(ctx: Context) -> Iterator[Writes]:
     after_commit(ctx.task.id, writes.deliveries)
 
 
-def fail(ctx: Context, error_type: str, message: str) -> NoReturn:
+def cancel(ctx: Context, *parts: Part) -> NoReturn:
+    """The task was cancelled while the step waited: end it now, with ``parts``."""
     with fenced(ctx) as writes:
-        writes.finish(TaskStatus.FAILED, error={"type": error_type, "message": message})
+        writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        writes.add(*parts)
+    raise TaskEnded
+
+
+def fail(ctx: Context, error_type: str, message: str, **detail: Any) -> NoReturn:
+    error = {"type": error_type, "message": message, **detail}
+    with fenced(ctx) as writes:
+        writes.finish(TaskStatus.FAILED, error=error)
     raise TaskEnded
 
 
@@ -486,7 +539,7 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
 def check_limits(ctx: Context) -> None:
     """Limits checked before each model call; each ends the task with the reason."""
     task, lease = ctx.task, ctx.lease
-    if task.cancel_requested:
+    if task.cancel_requested_at is not None:
         with fenced(ctx) as writes:
             writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
         raise TaskEnded
@@ -515,22 +568,32 @@ def call_model(ctx: Context) -> Answer:
         options=ctx.task.model_options,
     )
     started_at, started = utcnow(), time.monotonic()
+    # This step's failed calls so far (earlier messages' too): the timeline shows them.
+    failed = list((ctx.task.waiting or {}).get("model_attempts", []))
     failpoints.hit("model_call")
     with tracing.model_span(ctx.task.model) as span:
         try:
-            response = model_calls.complete(
-                provider,
-                request,
-                model=ctx.task.model,
-                tenant=ctx.tenant_name,
-                prior_failures=ctx.task.model_failures,
+            response = cancels.call(
+                partial(
+                    model_calls.complete,
+                    provider,
+                    request,
+                    model=ctx.task.model,
+                    tenant=ctx.tenant_name,
+                    prior_failures=ctx.task.model_failures,
+                    failed=failed,
+                ),
+                name="model",
             )
+        except cancels.Interrupted:
+            span.set_status(StatusCode.ERROR, "cancelled")
+            cancel(ctx)
         except ModelError as exc:
             span.set_status(StatusCode.ERROR, str(exc))
-            fail(ctx, exc.error_type, str(exc))
+            fail(ctx, exc.error_type, str(exc), attempts=failed[-KEPT_ATTEMPTS:])
         except model_calls.Deferred as deferred:
             span.set_attribute("ratchet.deferred_ms", int(deferred.delay_s * 1000))
-            defer(ctx, deferred)
+            defer(ctx, deferred, failed=failed[-KEPT_ATTEMPTS:])
         span.set_attributes(
             {
                 "gen_ai.usage.input_tokens": response.input_tokens,
@@ -540,7 +603,9 @@ def call_model(ctx: Context) -> Answer:
     return Answer(response, int((time.monotonic() - started) * 1000), started_at)
 
 
-def defer(ctx: Context, deferred: model_calls.Deferred) -> NoReturn:
+def defer(
+    ctx: Context, deferred: model_calls.Deferred, *, failed: list[dict[str, Any]]
+) -> NoReturn:
     """Give the lease back and come back for this step after the wait, via the queue."""
     lease = ctx.lease
     cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
@@ -549,7 +614,7 @@ def defer(ctx: Context, deferred: model_calls.Deferred) -> NoReturn:
         lease,
         delay_ms=delay_ms,
         model_failures=deferred.failures,
-        waiting={**deferred.reason, "retry_in_ms": delay_ms},
+        waiting={**deferred.reason, "retry_in_ms": delay_ms, "model_attempts": failed},
     )
     with fenced(ctx) as writes:
         writes.write(values=values)
@@ -664,7 +729,13 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         else:
             writes.add(ledger.rerun(lease, call_id))
     failpoints.hit("tool_call")
-    outcome = invoke(ctx, tool, call, call_id)
+    try:
+        outcome = invoke(ctx, tool, call, call_id)
+    except cancels.Interrupted:
+        abandoned = (
+            "the task was cancelled while the call ran: stopped, or abandoned if it could not be"
+        )
+        cancel(ctx, ledger.outcome(call_id, status=ledger.FAILED, result=None, error=abandoned))
     failpoints.hit("after_tool")
     if outcome.unknown and tool is not None and not tool.idempotent:
         # An abandoned call may still act: as after a crash, the tool's policy decides.
@@ -686,11 +757,13 @@ def invoke(
         return tool_runner.Outcome(
             ok=False, error=f"arguments are not a JSON object: {call.invalid_arguments[:200]}"
         )
+    watch = cancels.current()
     context = ToolContext(
         task_id=ctx.task.id,
         tenant_id=ctx.task.tenant_id,
         call_id=call_id,
         idempotency_key=ledger.idempotency_key(ctx.task.id, call_id),
+        cancelled=watch.cancelled if watch is not None else threading.Event(),
     )
     with tracing.tool_span(tool.name, call_id=call_id) as span:
         outcome = tool_runner.execute(tool, call.arguments, context)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from shared.errors import RatchetError
 from shared.registry import Tool, ToolContext
 from shared.settings import get_settings
+from workers import cancels
 
 
 @dataclass(frozen=True)
@@ -25,22 +26,22 @@ def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outc
 
     A call that overruns its limit is abandoned, not killed: Python cannot stop a thread, so
     tools that can block for long should take their own timeouts too (``http_request`` does).
+    A cancel of the task abandons it the same way and raises :class:`cancels.Interrupted`.
     """
     limit = tool.timeout or get_settings().tool_timeout_seconds
-    pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix=f"tool-{tool.name}"
-    )
-    future = pool.submit(tool.invoke, arguments, context)
     try:
-        return Outcome(ok=True, result=_jsonable(future.result(timeout=limit)))
-    except concurrent.futures.TimeoutError:
+        result = cancels.call(
+            partial(tool.invoke, arguments, context), timeout=limit, name=f"tool-{tool.name}"
+        )
+    except cancels.Interrupted:
+        raise
+    except TimeoutError:
         return Outcome(ok=False, error=f"{tool.name} timed out after {limit:g} s", unknown=True)
     except RatchetError as exc:
         return Outcome(ok=False, error=str(exc))
     except Exception as exc:  # a tool's bug goes back to the model, it does not crash the task
         return Outcome(ok=False, error=f"{tool.name} raised {type(exc).__name__}: {exc}")
-    finally:
-        pool.shutdown(wait=False)
+    return Outcome(ok=True, result=_jsonable(result))
 
 
 def _jsonable(value: Any) -> Any:

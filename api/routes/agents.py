@@ -7,25 +7,25 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import Reader
+from api.params import cursor_after
 from api.schemas import AgentList, AgentOut, ToolOut
-from shared.errors import InvalidRequest
 from shared.registry import get_registry
-from shared.task_store import decode_cursor, encode_cursor
+from shared.task_store import encode_cursor
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
 
-@router.get("", response_model=AgentList)
+@router.get("", response_model=AgentList, summary="List the agents")
 def list_agents(
     _: Reader,
-    limit: Annotated[int, Query(ge=1, le=200)] = 100,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 100,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+    ] = None,
 ) -> AgentList:
+    """The registered agents by name, each with its tools and their argument schemas."""
     registry = get_registry()
-    try:
-        after = decode_cursor(cursor) if cursor else ""
-    except ValueError:
-        raise InvalidRequest("cursor", "not a cursor this API returned") from None
+    after = cursor_after(cursor) or ""
     names = sorted(n for n in registry.agents if n > after)
     page, more = names[:limit], len(names) > limit
     items = []

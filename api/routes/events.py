@@ -2,7 +2,8 @@
 
 It replays from ``Last-Event-ID`` (or ``?after=``), then streams live; wake-ups come from the
 event hub and Postgres is read for the events themselves, so a resumed stream yields every
-event exactly once and in order. It ends after the terminal event.
+event exactly once and in order. It ends after the terminal event that is the task's current
+state: a ``task.failed`` followed by a retry's ``task.queued`` is not the end.
 """
 
 from __future__ import annotations
@@ -18,29 +19,36 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from api.deps import Reader
 from api.event_hub import hub
+from api.params import event_start
+from api.problems import responses
+from api.stream_limits import StreamReader
 from shared import task_store
 from shared.db import get_sessionmaker
-from shared.errors import InvalidRequest
-from shared.events import TERMINAL_EVENT_TYPES, list_events
-from shared.models import TaskStatus
+from shared.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, last_event, list_events
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"])
 KEEPALIVE_SECONDS = 15.0
 FALLBACK_POLL_SECONDS = 2.0
-Batch = tuple[list[tuple[int, str, str]], bool]
+BATCH = 500
+Batch = tuple[list[tuple[int, str, str]], int | None]
 
 
 def _read(tenant_id: str, task_id: str, after: int) -> Batch:
-    """Events after ``after`` (seq, type, JSON data), and whether the task is terminal."""
+    """Events after ``after`` (seq, type, JSON data), and the seq of the terminal event that
+    ends the log (None while the log does not end in one).
+
+    The last event is read after the batch: the log only grows, so when the newest event is
+    terminal and the stream has sent it, nothing follows it (a retry appends after it)."""
     with get_sessionmaker()() as session, session.begin():
-        task = task_store.get_task(session, tenant_id, task_id)
+        task_store.get_task(session, tenant_id, task_id)
         events = [
             (e.seq, e.type, json.dumps(e.data, separators=(",", ":")))
-            for e in list_events(session, task_id, after=after)
+            for e in list_events(session, task_id, after=after, limit=BATCH)
         ]
-        return events, task.status in TaskStatus.TERMINAL
+        newest = last_event(session, task_id)
+        end = newest.seq if newest is not None and newest.type in TERMINAL_EVENT_TYPES else None
+        return events, end
 
 
 def _check_exists(tenant_id: str, task_id: str) -> None:
@@ -48,29 +56,19 @@ def _check_exists(tenant_id: str, task_id: str) -> None:
         task_store.get_task(session, tenant_id, task_id)
 
 
-def _start(after: int | None, last_event_id: str | None) -> int:
-    if after is not None:
-        return after
-    if last_event_id is None:
-        return 0
-    if not last_event_id.strip().isdigit():
-        raise InvalidRequest("Last-Event-ID", "must be the id of an event this stream sent")
-    return int(last_event_id)
-
-
 async def _stream(request: Request, tenant_id: str, task_id: str, after: int) -> AsyncIterator[str]:
     last, quiet_since = after, time.monotonic()
     async with hub.watch(task_id) as changed:
         while True:
             changed.clear()
-            events, terminal = await run_in_threadpool(_read, tenant_id, task_id, last)
+            events, end = await run_in_threadpool(_read, tenant_id, task_id, last)
             for seq, type_, data in events:
                 yield f"id: {seq}\nevent: {type_}\ndata: {data}\n\n"
                 last, quiet_since = seq, time.monotonic()
-                if type_ in TERMINAL_EVENT_TYPES:
-                    return
-            if terminal and not events:
-                return  # the terminal event was sent before this stream resumed
+            if end is not None and last >= end:
+                return  # sent (now or before this stream resumed) the task's terminal event
+            if len(events) == BATCH:
+                continue  # a full batch: more are waiting, read on at once
             if await request.is_disconnected():
                 return
             with contextlib.suppress(TimeoutError):
@@ -80,16 +78,65 @@ async def _stream(request: Request, tenant_id: str, task_id: str, after: int) ->
                 quiet_since = time.monotonic()
 
 
-@router.get("/{task_id}/events", response_class=StreamingResponse)
+# One event of the stream (OpenAPI 3.1: a sequential media type's schema describes an item).
+SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "id": {
+            "type": "string",
+            "pattern": "^[0-9]+$",
+            "description": "the event's seq: resume after it with Last-Event-ID",
+        },
+        "event": {"type": "string", "enum": list(EVENT_TYPES)},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "JSON: the task for task.* events, the step's record for step.*",
+        },
+    },
+    "required": ["id", "event", "data"],
+}
+STREAM_RESPONSES = {
+    200: {
+        "description": "The event stream: replayed, then live; it ends after the terminal "
+        "event that is the task's current state",
+        "content": {
+            "text/event-stream": {
+                "schema": SSE_EVENT,
+                "example": 'id: 1\nevent: task.queued\ndata: {"id": "…", "status": "queued"}\n\n',
+            }
+        },
+    },
+    **responses(
+        {
+            404: "no such task (another tenant's task is not found either)",
+            422: "``after`` or ``Last-Event-ID`` is not a sequence number",
+            429: "the tenant holds its most streams and long polls",
+            503: "the database is unavailable, or the server holds its most streams and long polls",
+        }
+    ),
+}
+
+
+@router.get(
+    "/{task_id}/events",
+    response_class=StreamingResponse,
+    summary="Stream a task's events (SSE)",
+    responses=STREAM_RESPONSES,
+)
 async def stream_events(
     task_id: str,
-    principal: Reader,
+    principal: StreamReader,
     request: Request,
     after: Annotated[int | None, Query(ge=0, description="replay events after this seq")] = None,
-    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(max_length=20, description="resume after this seq (``?after=`` wins over it)"),
+    ] = None,
 ) -> StreamingResponse:
-    """Server-sent events: ``id: <seq>``, ``event: <type>``, ``data: <json>``."""
-    start = _start(after, last_event_id)
+    """Server-sent events, each ``id: <seq>``, ``event: <type>``, ``data: <json>``; a comment
+    line keeps an idle stream alive. Needs the ``tasks:read`` scope."""
+    start = event_start(after, last_event_id)
     await run_in_threadpool(_check_exists, principal.tenant_id, task_id)  # 404 before streaming
     return StreamingResponse(
         _stream(request, principal.tenant_id, task_id, start),

@@ -9,16 +9,17 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from sqlalchemy import text
 
-from api.problems import problem
+from api.problems import problem, responses
 from shared.db import get_engine, require_migrated
 from shared.settings import get_settings
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process is up."""
+@router.get("/healthz", summary="Liveness")
+async def healthz() -> dict[str, str]:
+    """The process is up. ``async`` and touching nothing: it answers while the database is
+    down and every worker thread is busy waiting for it."""
     return {"status": "ok"}
 
 
@@ -33,7 +34,14 @@ def metrics() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/readyz", response_model=None)
+@router.get(
+    "/readyz",
+    response_model=None,
+    summary="Readiness",
+    responses=responses(
+        {503: "the database (or, in production, Redis) does not answer, or is not migrated"}
+    ),
+)
 def readyz() -> dict[str, object] | JSONResponse:
     """Ready when the database (migrated) and, in production, Redis answer."""
     checks: dict[str, str] = {}

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from api import submission
 from api.deps import Reader, SessionDep, Writer
 from api.event_hub import hub
-from api.schemas import StepList, StepOut, TaskCreate, TaskList, ToolCallOut
+from api.params import cursor_after, parse_seq
+from api.problems import responses
+from api.schemas import FailedModelCall, StepList, StepOut, TaskCreate, TaskList, ToolCallOut
+from api.stream_limits import limits
 from shared import checkpoints, ledger, metrics, notify, task_store
 from shared.db import get_sessionmaker
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
@@ -55,22 +55,7 @@ def _replay(existing: Task, digest: str) -> Task:
 
 async def submitted_task(request: Request, _: Writer) -> TaskCreate:
     """The request body as a TaskCreate, parsed only once the caller may submit."""
-    raw = await request.body()
-    document: Any = None
-    try:
-        document = json.loads(raw) if raw else None
-        return TaskCreate.model_validate_json(raw or b"null")
-    except ValueError as exc:
-        errors: list[Any] = []
-        if isinstance(exc, ValidationError):
-            errors = list(exc.errors(include_url=False))
-        if document is None and raw:
-            errors = [{"type": "json_invalid", "loc": (), "msg": "the body is not valid JSON"}]
-        elif document is None:
-            errors = [{"type": "missing", "loc": (), "msg": "a JSON request body is required"}]
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in errors], body=document
-        ) from None
+    return submission.parse(await request.body())
 
 
 TASK_CREATE_BODY = {
@@ -81,15 +66,60 @@ TASK_CREATE_BODY = {
 }
 
 
-@router.post("", status_code=202, response_model=TaskView, openapi_extra=TASK_CREATE_BODY)
+SUBMIT_RESPONSES = {
+    202: {
+        "description": "Accepted: the task is queued (or, for a repeated Idempotency-Key, "
+        "the original task)",
+        "headers": {
+            "Location": {"description": "the task's URL", "schema": {"type": "string"}},
+            "Idempotent-Replayed": {
+                "description": "`true` when this answers a repeat of an earlier request",
+                "schema": {"type": "string", "enum": ["true"]},
+            },
+        },
+    },
+    **responses(
+        {
+            409: "a request with the same Idempotency-Key is still in progress",
+            422: "the body is invalid (``errors`` names each bad field), names an unknown "
+            "agent, tool or model, or reuses an Idempotency-Key with a different body",
+            429: "the tenant is over its submission rate limit",
+            503: "the database or the rate limiter is unavailable; retry shortly",
+        }
+    ),
+}
+TASK_RESPONSES = responses({404: "no such task (another tenant's task is not found either)"})
+TERMINAL_RESPONSES = responses(
+    {
+        404: "no such task (another tenant's task is not found either)",
+        409: "the task is in a state that does not allow this",
+    }
+)
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=TaskView,
+    openapi_extra=TASK_CREATE_BODY,
+    summary="Submit a task",
+    responses=SUBMIT_RESPONSES,
+)
 def submit_task(
     body: Annotated[TaskCreate, Depends(submitted_task)],
     principal: Writer,
     session: SessionDep,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="the same key and body within 24 h returns the original task",
+        ),
+    ] = None,
 ) -> TaskView:
-    """Submit a task. Returns at once with the queued task; a worker runs it."""
+    """Returns at once with the queued task; a worker runs it. Only ``input`` is required.
+    Needs the ``tasks:write`` scope."""
     spec = submission.resolve(body, get_settings())
     submission.check_rate(principal.tenant_name)
     digest = submission.request_hash(body)
@@ -136,7 +166,19 @@ def _read_task(tenant_id: str, task_id: str) -> Task:
         return task_store.get_task(session, tenant_id, task_id)
 
 
-@router.get("/{task_id}", response_model=TaskView)
+@router.get(
+    "/{task_id}",
+    response_model=TaskView,
+    summary="Read a task, or long-poll until it ends",
+    responses=responses(
+        {
+            404: "no such task (another tenant's task is not found either)",
+            429: "with ``wait``: the tenant holds its most streams and long polls",
+            503: "the database is unavailable, or with ``wait``: the server holds its most "
+            "streams and long polls",
+        }
+    ),
+)
 async def get_task(
     task_id: str,
     principal: Reader,
@@ -145,12 +187,24 @@ async def get_task(
         Query(ge=0, le=MAX_WAIT_SECONDS, description="long-poll up to N s for a terminal state"),
     ] = 0,
 ) -> TaskView:
-    """The task. With ``wait``, answers as soon as it is terminal, or after ``wait`` seconds."""
+    """With ``wait``, answers as soon as the task is terminal, or after ``wait`` seconds.
+
+    A long poll waits on the event loop (no thread, no database connection) and takes one of
+    the tenant's stream slots while it waits (a 429 when it holds them all)."""
     deadline = time.monotonic() + wait
+    if wait <= 0:
+        return task_view(await run_in_threadpool(_read_task, principal.tenant_id, task_id))
+    # The slot comes before any read: a tenant past its share is turned away without a
+    # thread or a query, however many long polls it opens.
+    with limits.hold(principal.tenant_id):
+        return await _long_poll(principal.tenant_id, task_id, deadline=deadline)
+
+
+async def _long_poll(tenant_id: str, task_id: str, *, deadline: float) -> TaskView:
     async with hub.watch(task_id) as changed:
         while True:
             changed.clear()
-            task = await run_in_threadpool(_read_task, principal.tenant_id, task_id)
+            task = await run_in_threadpool(_read_task, tenant_id, task_id)
             left = deadline - time.monotonic()
             if task.status in TaskStatus.TERMINAL or left <= 0:
                 return task_view(task)
@@ -159,15 +213,24 @@ async def get_task(
                 await asyncio.wait_for(changed.wait(), timeout=min(left, FALLBACK_POLL_SECONDS))
 
 
-@router.get("", response_model=TaskList)
+@router.get("", response_model=TaskList, summary="List tasks, newest first")
 def list_tasks(
     principal: Reader,
     session: SessionDep,
-    status: Annotated[str | None, Query(description="filter by status")] = None,
-    agent: Annotated[str | None, Query(max_length=200)] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    status: Annotated[
+        str | None,
+        Query(
+            description="only tasks in this state",
+            json_schema_extra={"enum": list(TaskStatus.ALL)},
+        ),
+    ] = None,
+    agent: Annotated[str | None, Query(max_length=200, description="only this agent's")] = None,
+    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+    ] = None,
 ) -> TaskList:
+    """The tenant's tasks, a page at a time (keyset pagination: follow ``next_cursor``)."""
     if status is not None and status not in TaskStatus.ALL:
         raise InvalidRequest("status", f"must be one of {', '.join(TaskStatus.ALL)}")
     after = _decode_task_cursor(cursor)
@@ -179,17 +242,8 @@ def list_tasks(
     return TaskList(items=items, next_cursor=task_store.encode_cursor(last) if last else None)
 
 
-def _decode(cursor: str | None) -> str | None:
-    if cursor is None:
-        return None
-    try:
-        return task_store.decode_cursor(cursor)
-    except ValueError:
-        raise InvalidRequest("cursor", "not a cursor this API returned") from None
-
-
 def _decode_task_cursor(cursor: str | None) -> str | None:
-    after = _decode(cursor)
+    after = cursor_after(cursor)
     if after is not None:
         try:
             uuid.UUID(after)
@@ -198,19 +252,35 @@ def _decode_task_cursor(cursor: str | None) -> str | None:
     return after
 
 
-@router.post("/{task_id}/cancel", status_code=202, response_model=TaskView)
+@router.post(
+    "/{task_id}/cancel",
+    status_code=202,
+    response_model=TaskView,
+    summary="Cancel a task",
+    responses=TERMINAL_RESPONSES,
+)
 def cancel_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
-    """Cancel now if no worker holds the task, else at its next commit point. 409 if terminal."""
+    """Cancel now if no worker holds the task; otherwise the step in flight stops waiting on
+    its model or tool and cancels the task (``cancel_requested_at`` shows it is pending).
+    409 if the task already ended."""
     deliveries: list[str] = []
     with session.begin():
         task = task_store.request_cancel(
             session, principal.tenant_id, task_id, deliveries=deliveries
         )
+    if task.cancel_requested_at is not None:  # a step is in flight: stop its wait
+        notify.publish_cancel(task.id)
     _after_commit(task, deliveries)
     return task_view(task)
 
 
-@router.post("/{task_id}/retry", status_code=202, response_model=TaskView)
+@router.post(
+    "/{task_id}/retry",
+    status_code=202,
+    response_model=TaskView,
+    summary="Retry a failed task",
+    responses=TERMINAL_RESPONSES,
+)
 def retry_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
     """A failed task resumes from its last committed step. 409 unless failed."""
     deliveries: list[str] = []
@@ -222,27 +292,39 @@ def retry_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView
     return task_view(task)
 
 
-@router.get("/{task_id}/steps", response_model=StepList)
+@router.get(
+    "/{task_id}/steps",
+    response_model=StepList,
+    summary="The step timeline",
+    responses=TASK_RESPONSES,
+)
 def list_steps(
     task_id: str,
     principal: Reader,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=200)] = 100,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200, description="at most this many steps")] = 100,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+    ] = None,
 ) -> StepList:
     """The step timeline: each model call and the tool calls it asked for."""
-    after = _decode(cursor)
-    if after is not None and not after.isdigit():
-        raise InvalidRequest("cursor", "not a cursor this API returned")
+    after = cursor_after(cursor)
+    after_step = 0 if after is None else parse_seq(after, field="cursor")
     with session.begin():
         task = task_store.get_task(session, principal.tenant_id, task_id)
-        steps = checkpoints.load_steps(session, task_id, after=int(after or 0), limit=limit + 1)
+        steps = checkpoints.load_steps(session, task_id, after=after_step, limit=limit + 1)
         more = len(steps) > limit
         steps = steps[:limit]
         calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
         items = [_step_out(s, [c for c in calls if c.step_number == s.number]) for s in steps]
     next_cursor = task_store.encode_cursor(str(steps[-1].number)) if more else None
-    return StepList(items=items, next_cursor=next_cursor, waiting=task.waiting)
+    failed = (task.waiting or {}).get("model_attempts") or (task.error or {}).get("attempts")
+    return StepList(
+        items=items,
+        next_cursor=next_cursor,
+        waiting=task.waiting,
+        failed_model_calls=[FailedModelCall.model_validate(call) for call in failed or []],
+    )
 
 
 def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:
@@ -259,7 +341,7 @@ def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:
         completed_at=aware(step.completed_at),
         tool_calls=[
             ToolCallOut(
-                id=c.call_id,
+                call_id=c.call_id,
                 provider_call_id=c.provider_call_id,
                 name=c.tool,
                 arguments=c.arguments,

@@ -9,8 +9,9 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from api.deps import Admin, Reader, SessionDep, Writer
+from api.params import cursor_after
+from api.problems import responses
 from shared import outbox, task_store, webhook_secrets
-from shared.errors import InvalidRequest
 from shared.queue import enqueue_deliveries
 from shared.settings import get_settings
 from shared.views import aware
@@ -34,6 +35,9 @@ class DeliveryOut(BaseModel):
     url: str
     status: str
     attempts: list[AttemptOut]
+    # Why the last try failed or was never made (e.g. refused by the egress policy at send
+    # time, when no request went out and so no attempt was logged).
+    last_error: str | None
     next_attempt_at_ms: int | None
     created_at: datetime
     delivered_at: datetime | None
@@ -67,27 +71,30 @@ def _out(delivery: Any, attempts: list[Any]) -> DeliveryOut:
             )
             for a in attempts
         ],
+        last_error=delivery.last_error,
         next_attempt_at_ms=delivery.next_attempt_ms,
         created_at=aware(delivery.created_at),
         delivered_at=aware(delivery.delivered_at),
     )
 
 
-@router.get("/v1/tasks/{task_id}/webhook-deliveries", response_model=DeliveryList)
+@router.get(
+    "/v1/tasks/{task_id}/webhook-deliveries",
+    response_model=DeliveryList,
+    summary="A task's webhook deliveries",
+    responses=responses({404: "no such task (another tenant's task is not found either)"}),
+)
 def list_deliveries(
     task_id: str,
     principal: Reader,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+    ] = None,
 ) -> DeliveryList:
     """Every webhook delivery of the task, each with its attempts (status, latency, error)."""
-    after = None
-    if cursor:
-        try:
-            after = task_store.decode_cursor(cursor)
-        except ValueError:
-            raise InvalidRequest("cursor", "not a cursor this API returned") from None
+    after = cursor_after(cursor)
     with session.begin():
         task_store.get_task(session, principal.tenant_id, task_id)
         rows, attempts, last = outbox.list_for_task(session, task_id, after=after, limit=limit)
@@ -96,18 +103,25 @@ def list_deliveries(
 
 
 @router.post(
-    "/v1/webhook-deliveries/{delivery_id}/redeliver", status_code=202, response_model=DeliveryOut
+    "/v1/webhook-deliveries/{delivery_id}/redeliver",
+    status_code=202,
+    response_model=DeliveryOut,
+    summary="Send a webhook delivery again",
+    responses=responses({404: "no such delivery (another tenant's is not found either)"}),
 )
 def redeliver(delivery_id: str, principal: Writer, session: SessionDep) -> DeliveryOut:
-    """Send the delivery again now, with a fresh retry schedule."""
+    """Send the delivery again now, with a fresh retry schedule; answers with the delivery as
+    it is (its attempts so far)."""
     with session.begin():
         delivery = outbox.redeliver(session, principal.tenant_id, delivery_id)
-        out = _out(delivery, [])
+        out = _out(delivery, outbox.attempts_of(session, [delivery_id])[delivery_id])
     enqueue_deliveries([delivery_id])
     return out
 
 
-@router.post("/v1/webhook-secret/rotate", response_model=SecretOut)
+@router.post(
+    "/v1/webhook-secret/rotate", response_model=SecretOut, summary="Rotate the signing secret"
+)
 def rotate_secret(principal: Admin, session: SessionDep) -> SecretOut:
     """A new signing secret, shown once. The old one keeps signing for the overlap period."""
     overlap = timedelta(hours=get_settings().webhook_secret_overlap_hours)

@@ -698,7 +698,7 @@ def test_steps_show_every_model_call_and_tool_call(
     )
     assert calc["result"] == 42
     assert calc["error"] is None
-    assert calc["idempotency_key"] == f"{task_id}:{calc['id']}"
+    assert calc["idempotency_key"] == f"{task_id}:{calc['call_id']}"
     assert calc["runs"] == 1
     assert calc["finished_at"] is not None
     assert (clock["name"], clock["arguments"], clock["status"]) == (
@@ -707,7 +707,7 @@ def test_steps_show_every_model_call_and_tool_call(
         "succeeded",
     )
     assert datetime.fromisoformat(clock["result"]).utcoffset() == timedelta(0)
-    assert calc["id"] != clock["id"]
+    assert calc["call_id"] != clock["call_id"]
 
     (failed,) = second["tool_calls"]
     assert (failed["name"], failed["arguments"], failed["status"]) == (
@@ -939,3 +939,23 @@ def test_docs_serve_html(client: TestClient) -> None:
 
 def test_an_unknown_path_is_a_problem(client: TestClient) -> None:
     assert_problem(client.get("/v1/nothing-here"), 404)
+
+
+def test_a_model_that_keeps_failing_leaves_its_attempts_in_the_timeline(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    script = [{"content": "never", "error": "server_error", "times": 99}]
+    task_id = submit(client, tenant, model_options={"script": script})["id"]
+
+    assert drive(task_id) == "failed"
+
+    timeline = client.get(f"/v1/tasks/{task_id}/steps", headers=tenant.headers).json()
+    assert timeline["items"] == []  # the model never answered …
+    failed = timeline["failed_model_calls"]  # … and each try says how it went
+    assert len(failed) == get_settings().model_max_attempts, failed
+    for call in failed:
+        assert call["error"]["type"] == "model_unavailable", call
+        assert call["latency_ms"] >= 0
+        assert datetime.fromisoformat(call["started_at"]) is not None
+    task = client.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()
+    assert len(task["error"]["attempts"]) == len(failed)

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from shared import task_store
 from shared.db import fetch_one, transaction, write_session
 from shared.errors import CancelRequested, LeaseLost
-from shared.models import Step, Task, TaskEvent, WebhookDelivery
+from shared.models import Step, Task, TaskEvent, WebhookDelivery, utcnow
 from shared.views import task_document
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task, tool_turn
@@ -131,11 +131,13 @@ def test_a_refused_write_writes_nothing_at_all(client: TestClient, tenant: Tenan
     # cancel, again with nothing written.
     with transaction() as session:
         session.execute(
-            Task.__table__.update().where(Task.id == task_id).values(cancel_requested=True)
+            Task.__table__.update().where(Task.id == task_id).values(cancel_requested_at=utcnow())
         )
     with pytest.raises(CancelRequested), write_session() as session:
         task_store.write(session, lease, task=ctx.task, values=done)
-    assert stored_document(task_id) == before[0]
+    after = stored_document(task_id)
+    assert after["cancel_requested_at"] is not None  # the client's, left for the worker
+    assert after | {"cancel_requested_at": None} == before[0]
 
 
 def test_a_statement_compiled_once_returns_what_sqlalchemy_would(

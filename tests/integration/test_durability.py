@@ -496,3 +496,26 @@ def test_a_retried_task_does_not_ask_the_model_again_for_a_committed_step(
     assert client.post(f"/v1/tasks/{task_id}/retry", headers=tenant.headers).status_code == 202
     drive(task_id)
     assert model_calls[(task_id, 1)] == 1
+
+
+def test_a_step_that_fails_the_same_way_each_time_fails_its_task_with_the_real_error(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    """The usage of the second model call overflows the task's bigint counter at its commit:
+    a retry would meet it again, so the task fails at once, saying why (not ``worker_lost``
+    after its attempts ran out)."""
+    huge = {"input_tokens": 5 * 10**18, "output_tokens": 0}
+    script = [
+        {**tool_turn("calculator", expression="1+1"), "usage": huge},
+        {"content": "never recorded", "usage": huge},
+    ]
+    task_id = submit(client, tenant, scripted_task(script))
+
+    assert drive(task_id, max_messages=3) == "failed"
+
+    task = client.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()
+    assert task["error"]["type"] == "internal_error", task
+    assert "out of range" in task["error"]["message"], task
+    assert "UPDATE" not in task["error"]["message"]  # no SQL, no parameters
+    assert task["attempt"] == 1, task  # failed on its first try of step 2
+    assert task["usage"]["input_tokens"] == 5 * 10**18, task  # step 1's usage stands

@@ -378,6 +378,51 @@ def test_a_url_no_longer_allowed_at_send_time_is_not_requested(
     assert "egress policy" in row.last_error
 
 
+def test_the_refusal_at_send_time_is_shown_and_a_redelivery_answers_with_the_delivery(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    receiver: WebhookReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task = submit(client, tenant, webhook={"url": receiver.url()})
+    with nothing_allow_listed(monkeypatch):
+        drive(task["id"])
+        wait_for_deliveries(task["id"], statuses(outbox.FAILED))
+
+    [listed] = deliveries(client, tenant, task["id"])
+    assert listed["attempts"] == []  # no request went out …
+    assert "egress policy" in listed["last_error"]  # … and the listing says why
+
+    # A receiver that answered once: its redelivery shows that attempt, as it stands.
+    other = submit(client, tenant, webhook={"url": receiver.url()})
+    drive(other["id"])
+    receiver.wait_for(1)
+    [sent] = wait_for_deliveries(other["id"], statuses(outbox.DELIVERED))
+    response = client.post(f"/v1/webhook-deliveries/{sent.id}/redeliver", headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    redelivery = response.json()
+    assert [a["status_code"] for a in redelivery["attempts"]] == [200]
+    assert redelivery["status"] == "pending"
+
+
+@pytest.mark.usefixtures("held_back")
+def test_every_webhook_body_names_its_task_and_a_step_event_its_step(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    receiver: WebhookReceiver,
+) -> None:
+    task = submit(client, tenant, webhook={"url": receiver.url(), "events": EVERY_EVENT})
+    drive(task["id"])
+    send_pending(task["id"])
+
+    bodies = [r.json() for r in receiver.received()]
+    assert {b["type"] for b in bodies} >= {"step.model_response", "step.tool_call"}, bodies
+    assert all(b["task_id"] == task["id"] for b in bodies), bodies
+    assert all(b["data"]["step"] >= 1 for b in bodies if b["type"].startswith("step.")), bodies
+
+
 # --- 410 Gone ---------------------------------------------------------------------------------
 
 

@@ -34,3 +34,12 @@ def test_compose_config_accepts_the_file() -> None:
         [compose, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_workers_serve_their_metrics_by_default_where_prometheus_looks() -> None:
+    from shared.settings import Settings
+
+    default_port = Settings.model_fields["worker_metrics_port"].default
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())["scrape_configs"]
+    [worker_job] = [job for job in scrape if job["job_name"] == "ratchet-worker"]
+    assert default_port == worker_job["dns_sd_configs"][0]["port"] != 0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.egress import check_url, host_allowed
+from shared.egress import check_url, host_allowed, warn_if_open
 from shared.errors import EgressDenied
+from shared.settings import Settings
 
 
 @pytest.mark.parametrize(
@@ -55,3 +56,42 @@ def test_https_only_refuses_plain_http_for_unlisted_hosts() -> None:
 def test_public_addresses_are_pinned() -> None:
     destination = check_url("https://93.184.215.14/path", allowed_hosts=[], https_only=True)
     assert destination.address == "93.184.215.14"
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::7f00:1",  # IPv4-compatible 127.0.0.1
+        "::a9fe:a9fe",  # IPv4-compatible 169.254.169.254
+        "::ffff:0:7f00:1",  # IPv4-translated 127.0.0.1
+        "::ffff:0:a00:1",  # IPv4-translated 10.0.0.1
+        "64:ff9b::7f00:1",  # NAT64 well-known prefix, 127.0.0.1
+        "64:ff9b::a9fe:a9fe",  # NAT64 well-known prefix, 169.254.169.254
+        "64:ff9b:1::1",  # NAT64 local-use prefix
+        "64:ff9b:1:ffff::808:808",  # ... whatever it embeds
+        "fec0::1",  # deprecated site-local
+        "feff::1",
+    ],
+)
+def test_ipv6_forms_embedding_private_ipv4_are_refused(address: str) -> None:
+    with pytest.raises(EgressDenied, match="non-public"):
+        check_url(f"http://[{address}]/", allowed_hosts=[])
+
+
+@pytest.mark.parametrize("address", ["::808:808", "::ffff:0:808:808", "64:ff9b::808:808"])
+def test_ipv6_forms_embedding_public_ipv4_pass(address: str) -> None:
+    destination = check_url(f"http://[{address}]/", allowed_hosts=[])
+    assert destination.address == address
+
+
+def test_an_allow_list_matching_every_host_warns_once_that_the_policy_is_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="ratchet.egress"):
+        warn_if_open(Settings(http_allowed_hosts=["api.example.com"], webhook_allowed_hosts=[]))
+        assert not caplog.records
+        warn_if_open(Settings(http_allowed_hosts=["*"], webhook_allowed_hosts=["127.0.0.1", "*"]))
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "egress policy is off" in message
+    assert "RATCHET_HTTP_ALLOWED_HOSTS and RATCHET_WEBHOOK_ALLOWED_HOSTS" in message

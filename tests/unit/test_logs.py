@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +81,22 @@ def test_configuring_again_replaces_only_its_own_handler(
         for handler in [h for h in root.handlers if h.get_name() == "ratchet"]:
             root.removeHandler(handler)
         root.setLevel(level)
+
+
+def test_checking_the_schema_logs_nothing_at_info(tmp_path: Path) -> None:
+    """A fresh process (alembic says hello once per process) that checks a migrated schema
+    at INFO, as every API and worker process does at start, prints no alembic lines."""
+    from shared.db import migrate
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    migrate(url)
+    code = (
+        "from shared import logs; from shared.db import require_migrated; "
+        "from sqlalchemy import create_engine; "
+        "logs.configure(log_format='text', level='INFO'); "
+        f"require_migrated(create_engine({url!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "alembic" not in done.stderr, done.stderr

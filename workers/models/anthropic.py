@@ -7,7 +7,6 @@ from typing import Any
 
 import anthropic
 
-from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
 from shared.settings import get_settings
 from workers.models.base import (
     Message,
@@ -15,7 +14,7 @@ from workers.models.base import (
     ModelResponse,
     Sharded,
     ToolCallRequest,
-    parse_retry_after,
+    classify_error,
 )
 
 PASSED_OPTIONS = ("temperature", "top_p", "top_k", "stop_sequences", "tool_choice")
@@ -60,20 +59,15 @@ def to_anthropic(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
 
 
 def map_error(exc: anthropic.AnthropicError) -> Exception:
-    if isinstance(exc, anthropic.APITimeoutError):
-        return ModelTransientError("the model provider timed out")
-    if isinstance(exc, anthropic.APIConnectionError):
-        return ModelTransientError(f"cannot reach the model provider: {exc}")
-    if isinstance(exc, anthropic.APIStatusError):
-        retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
-        status = exc.status_code
-        message = f"the model provider answered {status}: {exc.message}"
-        if status == 429:
-            return ModelRateLimited(message, retry_after=retry_after)
-        if status >= 500 or status in (408, 529):
-            return ModelTransientError(message, retry_after=retry_after)
-        return ModelPermanentError(message)
-    return ModelPermanentError(f"model provider error: {exc}")
+    """Sort an SDK error into transient (retry) or permanent (fail the task); 529 is
+    Anthropic's "overloaded"."""
+    return classify_error(
+        exc,
+        timeout=anthropic.APITimeoutError,
+        connection=anthropic.APIConnectionError,
+        status=anthropic.APIStatusError,
+        transient_statuses=(408, 529),
+    )
 
 
 class AnthropicProvider:

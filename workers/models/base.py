@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
+
 Message = dict[str, Any]
 Client = TypeVar("Client")
 CLIENT_SHARDS = 16
@@ -138,3 +140,30 @@ def parse_retry_after(value: str | None) -> float | None:
 def estimate_tokens(text: str) -> int:
     """A rough count (about four characters a token) where no tokenizer applies."""
     return max(1, (len(text) + 3) // 4) if text else 0
+
+
+def classify_error(
+    exc: Exception,
+    *,
+    timeout: type[Exception],
+    connection: type[Exception],
+    status: type[Exception],
+    transient_statuses: tuple[int, ...] = (408,),
+) -> Exception:
+    """Sort a provider SDK's error into transient (retry) or permanent (fail the task): one
+    rule for every SDK, given its timeout, connection and status-error classes."""
+    if isinstance(exc, timeout):
+        return ModelTransientError("the model provider timed out")
+    if isinstance(exc, connection):
+        return ModelTransientError(f"cannot reach the model provider: {exc}")
+    if isinstance(exc, status):
+        code: int = getattr(exc, "status_code", 0)
+        headers = getattr(getattr(exc, "response", None), "headers", {})
+        retry_after = parse_retry_after(headers.get("retry-after"))
+        message = f"the model provider answered {code}: {getattr(exc, 'message', exc)}"
+        if code == 429:
+            return ModelRateLimited(message, retry_after=retry_after)
+        if code >= 500 or code in transient_statuses:
+            return ModelTransientError(message, retry_after=retry_after)
+        return ModelPermanentError(message)
+    return ModelPermanentError(f"model provider error: {exc}")

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 
-from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
+from shared.errors import ModelPermanentError
 from shared.settings import get_settings
 from workers.models.base import (
     Message,
@@ -21,8 +21,8 @@ from workers.models.base import (
     ModelResponse,
     Sharded,
     ToolCallRequest,
+    classify_error,
     parse_arguments,
-    parse_retry_after,
 )
 
 PASSED_OPTIONS = (
@@ -77,20 +77,12 @@ def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
 
 def map_error(exc: openai.OpenAIError) -> Exception:
     """Sort an SDK error into transient (retry) or permanent (fail the task)."""
-    if isinstance(exc, openai.APITimeoutError):
-        return ModelTransientError("the model provider timed out")
-    if isinstance(exc, openai.APIConnectionError):
-        return ModelTransientError(f"cannot reach the model provider: {exc}")
-    if isinstance(exc, openai.APIStatusError):
-        retry_after = parse_retry_after(exc.response.headers.get("retry-after"))
-        status = exc.status_code
-        message = f"the model provider answered {status}: {exc.message}"
-        if status == 429:
-            return ModelRateLimited(message, retry_after=retry_after)
-        if status >= 500 or status == 408:
-            return ModelTransientError(message, retry_after=retry_after)
-        return ModelPermanentError(message)
-    return ModelPermanentError(f"model provider error: {exc}")
+    return classify_error(
+        exc,
+        timeout=openai.APITimeoutError,
+        connection=openai.APIConnectionError,
+        status=openai.APIStatusError,
+    )
 
 
 class OpenAIProvider:

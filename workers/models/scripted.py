@@ -10,8 +10,9 @@ import json
 import threading
 import time
 
-from shared.errors import ModelRateLimited, ModelTransientError
+from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
 from shared.providers import Script, ScriptTurn
+from shared.settings import get_settings
 from workers.models.base import ModelRequest, ModelResponse, ToolCallRequest, estimate_tokens
 
 
@@ -23,12 +24,16 @@ class ScriptedProvider:
         self._lock = threading.Lock()
 
     def complete(self, request: ModelRequest) -> ModelResponse:
+        settings = get_settings()
+        if not settings.scripted_model:
+            # Submission refuses it; a task accepted while it was on fails here, cleanly.
+            raise ModelPermanentError("the scripted model is off (RATCHET_SCRIPTED_MODEL)")
         turns = Script.model_validate(request.options).script
         if request.step > len(turns):
             return self._past_the_end(request)
         turn = turns[request.step - 1]
         if turn.delay_ms:
-            time.sleep(turn.delay_ms / 1000)
+            time.sleep(min(turn.delay_ms, settings.scripted_max_delay_ms) / 1000)
         self._maybe_fail(request, turn)
         calls = [
             ToolCallRequest(id=f"call_{request.step}_{i}", name=c.name, arguments=c.arguments)

@@ -1,0 +1,50 @@
+"""Path, query and header parameters checked before any of them reaches the database."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from shared.errors import InvalidRequest
+from shared.task_store import decode_cursor
+
+# Event sequence numbers and step numbers are PostgreSQL ``integer`` columns.
+MAX_SEQ = 2**31 - 1
+
+
+async def reject_nul(request: Request) -> None:
+    """Refuse a NUL character in any path or query parameter: PostgreSQL cannot compare text
+    with one. An app-wide dependency, ``async`` so it costs no worker thread."""
+    named = [*request.path_params.items(), *request.query_params.multi_items()]
+    for name, value in named:
+        if isinstance(value, str) and "\x00" in value:
+            raise InvalidRequest(name, "must not contain the NUL character (\\u0000)")
+
+
+def parse_seq(value: str, *, field: str) -> int:
+    """A sequence number sent as text (``Last-Event-ID``, a step cursor): ASCII digits only
+    (``str.isdigit`` also passes ``²``, which ``int`` refuses) and within the column's range."""
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_SEQ:
+        raise InvalidRequest(field, f"must be a whole number from 0 to {MAX_SEQ}")
+    return int(value)
+
+
+def event_start(after: int | None, last_event_id: str | None) -> int:
+    """Where an event stream starts: after ``?after=``, else after ``Last-Event-ID``, else 0."""
+    if after is not None:
+        if not 0 <= after <= MAX_SEQ:
+            raise InvalidRequest("after", f"must be a whole number from 0 to {MAX_SEQ}")
+        return after
+    if last_event_id is None:
+        return 0
+    return parse_seq(last_event_id.strip(), field="Last-Event-ID")
+
+
+def cursor_after(cursor: str | None) -> str | None:
+    """What a ``next_cursor`` this API returned points after; a 422 naming ``cursor`` for
+    anything else."""
+    if cursor is None or cursor == "":
+        return None
+    try:
+        return decode_cursor(cursor)
+    except ValueError:
+        raise InvalidRequest("cursor", "not a cursor this API returned") from None

@@ -1,0 +1,181 @@
+"""``/v1/keys``: a tenant admin lists, creates, revokes and rotates its own tenant's API keys.
+
+Keys are listed by prefix, never by hash; the key itself is shown once, in the answer to
+create or rotate. Over HTTP a key never gains the ``operator`` scope: only the CLI grants it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from api.deps import Admin, SessionDep, verified_keys
+from api.params import cursor_after
+from api.problems import responses
+from shared import task_store, tenants
+from shared.errors import InvalidRequest
+from shared.models import ApiKey, utcnow
+from shared.tenants import MAX_ROTATION_GRACE, OPERATOR
+from shared.views import aware
+
+router = APIRouter(prefix="/v1/keys", tags=["keys"])
+MAX_LIFETIME_SECONDS = 10 * 365 * 24 * 3600
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=100)
+    scopes: list[str] = Field(default_factory=lambda: list(tenants.DEFAULT_SCOPES), min_length=1)
+    expires_at: AwareDatetime | None = None
+    expires_in_seconds: int | None = Field(None, gt=0, le=MAX_LIFETIME_SECONDS)
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> KeyCreate:
+        if self.expires_at is not None and self.expires_in_seconds is not None:
+            raise ValueError("give expires_at or expires_in_seconds, not both")
+        return self
+
+    def expiry(self) -> datetime | None:
+        if self.expires_in_seconds is not None:
+            return utcnow() + timedelta(seconds=self.expires_in_seconds)
+        return self.expires_at
+
+
+class KeyRotate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    grace_seconds: int = Field(
+        0,
+        ge=0,
+        le=int(MAX_ROTATION_GRACE.total_seconds()),
+        description="how long the old key keeps working (default: it stops at once)",
+    )
+
+
+class KeyOut(BaseModel):
+    id: str
+    prefix: str
+    name: str | None
+    scopes: list[str]
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="the API key itself: shown this once, never again")
+
+
+class KeyList(BaseModel):
+    items: list[KeyOut]
+    next_cursor: str | None
+
+
+def _fields(row: ApiKey) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "prefix": row.prefix,
+        "name": row.name,
+        "scopes": row.scopes,
+        "created_at": aware(row.created_at),
+        "expires_at": aware(row.expires_at),
+        "last_used_at": aware(row.last_used_at),
+        "revoked_at": aware(row.revoked_at),
+    }
+
+
+def _no_operator(scopes: list[str]) -> None:
+    if OPERATOR in scopes:
+        raise InvalidRequest("scopes", "the operator scope is granted only by the ratchet CLI")
+
+
+@router.get("", response_model=KeyList, summary="List the tenant's API keys")
+def list_keys(
+    principal: Admin,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+    ] = None,
+) -> KeyList:
+    """The tenant's keys, newest first, with their last use (to the minute)."""
+    after = cursor_after(cursor)
+    with session.begin():
+        rows = tenants.list_keys(session, principal.tenant_id, after=after, limit=limit + 1)
+        items = [KeyOut(**_fields(r)) for r in rows[:limit]]
+    more = len(rows) > limit
+    return KeyList(
+        items=items, next_cursor=task_store.encode_cursor(items[-1].id) if more else None
+    )
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=KeyCreated,
+    summary="Create an API key",
+    responses=responses(
+        {422: "the body is invalid, or asks for the operator scope (granted only by the CLI)"}
+    ),
+)
+def create_key(body: KeyCreate, principal: Admin, session: SessionDep) -> KeyCreated:
+    """A new key for the caller's tenant, shown this once."""
+    _no_operator(body.scopes)
+    with session.begin():
+        row, key = tenants.issue_key(
+            session,
+            principal.tenant_id,
+            scopes=body.scopes,
+            name=body.name,
+            expires_at=body.expiry(),
+        )
+        return KeyCreated(**_fields(row), key=key)
+
+
+@router.post(
+    "/{key_id}/revoke",
+    response_model=KeyOut,
+    summary="Revoke an API key",
+    responses=responses({404: "no such key (another tenant's is not found either)"}),
+)
+def revoke_key(key_id: str, principal: Admin, session: SessionDep) -> KeyOut:
+    """Revoke the key: the next request that carries it is refused with 401 (on another API
+    process, within a second: each remembers a verified key that long)."""
+    with session.begin():
+        revoked = KeyOut(**_fields(tenants.revoke_key(session, principal.tenant_id, key_id)))
+    verified_keys.forget(key_id)
+    return revoked
+
+
+@router.post(
+    "/{key_id}/rotate",
+    status_code=201,
+    response_model=KeyCreated,
+    summary="Rotate an API key",
+    responses=responses(
+        {
+            403: "the key is an operator key (rotated only with the ratchet CLI), or the "
+            "caller lacks the admin scope",
+            404: "no such key (another tenant's is not found either)",
+            409: "the key is revoked or already rotated",
+        }
+    ),
+)
+def rotate_key(
+    key_id: str, principal: Admin, session: SessionDep, body: KeyRotate | None = None
+) -> KeyCreated:
+    """A new key with the old one's name, scopes and lifetime, shown this once; the old key
+    stops working after ``grace_seconds`` (default 0: at once)."""
+    grace = timedelta(seconds=(body or KeyRotate()).grace_seconds)
+    with session.begin():
+        if OPERATOR in tenants.get_key(session, principal.tenant_id, key_id).scopes:
+            raise HTTPException(403, "an operator key is rotated only with the ratchet CLI")
+        row, key = tenants.rotate_key(session, principal.tenant_id, key_id, grace=grace)
+        created = KeyCreated(**_fields(row), key=key)
+    verified_keys.forget(key_id)
+    return created

@@ -1,0 +1,200 @@
+"""The OpenAPI document is complete and true: schemathesis, with every check it has
+(server errors, undocumented status codes and content types, response schemas and headers,
+positive and negative data, ignored auth, …), over every operation of the app's own schema.
+
+Reproducible: Hypothesis is derandomized and keeps no example database, so every run sends
+the same requests. Bounded: ``MAX_EXAMPLES`` per operation and mode. Nothing can hang: every
+``{task_id}`` is a task that has already succeeded, so ``?wait=`` answers at once and the
+event stream ends after the replay.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.config import SchemathesisConfig
+
+from tests.conftest import TenantHandle
+
+MAX_EXAMPLES = 12
+# A JSON schema cannot say these; the server checks them and answers a documented 422:
+# cursors are opaque tokens only this API hands out; a submission names a registered agent,
+# that agent's tools, a known model, a script valid for it and a webhook URL that resolves to
+# a public address; a key's expiry lies in the future; ``Last-Event-ID`` is a number in range.
+SEMANTIC_422 = (
+    "POST /v1/tasks",
+    "GET /v1/tasks",
+    "GET /v1/tasks/{task_id}/steps",
+    "GET /v1/tasks/{task_id}/events",
+    "GET /v1/tasks/{task_id}/webhook-deliveries",
+    "GET /v1/agents",
+    "GET /v1/keys",
+    "POST /v1/keys",
+)
+ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis's default
+
+
+def _succeeded_task(client: TestClient, tenant: TenantHandle, drive: Callable[..., str]) -> str:
+    body = {"input": "hi", "model": "scripted", "model_options": {"script": [{"content": "ok"}]}}
+    answer = client.post("/v1/tasks", json=body, headers=tenant.headers)
+    assert answer.status_code == 202, answer.text
+    assert drive(answer.json()["id"]) == "succeeded"
+    return str(answer.json()["id"])
+
+
+def _config(tenant: TenantHandle) -> Any:
+    return SchemathesisConfig.from_dict(
+        {
+            "auth": {"openapi": {"apiKey": {"bearer": tenant.key}}},
+            "operations": [
+                {
+                    "include-name": name,
+                    "checks": {
+                        "positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "422"]}
+                    },
+                }
+                for name in SEMANTIC_422
+            ],
+        }
+    )
+
+
+def _run(
+    operation: Any, mode: Any, path_parameters: dict[str, str], statuses: set[int]
+) -> str | None:
+    """Run one operation in one mode, adding the statuses it saw to ``statuses``; the
+    failures schemathesis found, or None."""
+
+    @given(case=operation.as_strategy(mode, path_parameters=path_parameters or None))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def check(case: Any) -> None:
+        statuses.add(case.call_and_validate().status_code)
+
+    try:
+        check()
+    except Unsatisfiable:
+        return None  # negative mode, and nothing in the operation can be made invalid
+    except (AssertionError, BaseExceptionGroup) as exc:
+        return f"{operation.label} ({mode.value}): {exc}"
+    return None
+
+
+def test_every_operation_passes_every_check(
+    service_env: dict[str, str],
+    make_tenant: Callable[..., TenantHandle],
+    drive: Callable[..., str],
+) -> None:
+    from api.main import create_app
+    from shared.tenants import ADMIN, TENANT_SCOPES
+
+    tenant = make_tenant((*TENANT_SCOPES, ADMIN))
+    app = create_app()
+    with TestClient(app) as client:
+        task_id = _succeeded_task(client, tenant, drive)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=_config(tenant))
+    failures: list[str] = []
+    seen: dict[str, set[int]] = {}
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        fixed = {"task_id": task_id} if "{task_id}" in operation.path else {}
+        for mode in schemathesis.GenerationMode:
+            statuses = seen.setdefault(operation.label, set())
+            failure = _run(operation, mode, fixed, statuses)
+            if failure:
+                failures.append(failure)
+    assert not failures, "\n\n".join(failures)
+    assert len(seen) == 19, sorted(seen)
+    # The key was taken: every authenticated operation got past authentication at least once.
+    assert [label for label, statuses in seen.items() if statuses <= {401}] == []
+    assert {200, 422} <= seen["GET /v1/tasks/{task_id}/events"]
+    assert 202 in seen["POST /v1/tasks"]
+
+
+def test_root_redirects_to_the_docs(client: TestClient) -> None:
+    answer = client.get("/", follow_redirects=False)
+    assert answer.status_code == 307
+    assert answer.headers["location"] == "/docs"
+    assert client.get("/").status_code == 200  # the docs page itself
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_docs_pages_need_no_cdn(client: TestClient, page: str) -> None:
+    html = client.get(page).text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert assets, html
+    for asset in assets:
+        assert asset.startswith("/"), f"{page} loads {asset} from elsewhere"
+        assert client.get(asset).status_code == 200, asset
+
+
+def _operations(document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{method.upper()} {path}", operation)
+        for path, methods in document["paths"].items()
+        for method, operation in methods.items()
+    ]
+
+
+def test_every_authenticated_operation_names_the_bearer_scheme(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    scheme = document["components"]["securitySchemes"]["apiKey"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    for name, operation in _operations(document):
+        is_open = name in ("GET /healthz", "GET /readyz")
+        assert ("security" not in operation) is is_open, name
+        if not is_open:
+            assert operation["security"] == [{"apiKey": []}], name
+            for status in ("400", "401", "403", "413", "422", "431", "503"):
+                assert status in operation["responses"], (name, status)
+        assert operation.get("summary"), name
+        assert operation.get("description"), name
+
+
+def test_every_error_is_a_documented_problem(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    problem = document["components"]["schemas"]["Problem"]
+    assert set(problem["required"]) == {"type", "title", "status", "detail"}
+    assert "errors" in problem["properties"]
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    for name, operation in _operations(document):
+        for status, answer in operation["responses"].items():
+            if int(status) >= 400:
+                content = answer["content"]
+                assert list(content) == ["application/problem+json"], (name, status)
+                assert content["application/problem+json"]["schema"] == {
+                    "$ref": "#/components/schemas/Problem"
+                }
+
+
+def test_the_document_describes_the_stream_and_the_submission(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    stream = document["paths"]["/v1/tasks/{task_id}/events"]["get"]["responses"]["200"]
+    assert list(stream["content"]) == ["text/event-stream"]
+    schemas = document["components"]["schemas"]
+    body = schemas["TaskCreate"]["properties"]
+    assert body["model_options"]["properties"]["script"]["items"] == {
+        "$ref": "#/components/schemas/ScriptTurn"
+    }
+    assert {"content", "tool_calls", "delay_ms", "error", "times", "usage"} <= set(
+        schemas["ScriptTurn"]["properties"]
+    )
+    assert {"max_tokens", "max_cost_usd"} <= set(schemas["Budget"]["properties"])
+    assert body["instructions"]["description"]
+    kinds = body["input"]["anyOf"]
+    assert kinds[0]["type"] == "string"
+    assert kinds[1]["items"] == {"$ref": "#/components/schemas/InputMessage"}
+    for name in ("agent", "input", "model", "model_options", "tools", "max_steps", "metadata"):
+        assert body[name].get("description"), name

@@ -1,0 +1,195 @@
+"""Cancellation of steps in flight: a cancel stops a step's wait on its model or a tool.
+
+The API flags the task (``cancel_requested_at``) and publishes its id on a Redis channel; each
+worker process listens there and wakes the step of that task if it runs here. The heartbeat
+learns of the flag as well, with each lease it extends, in case the wake-up was lost.
+
+A woken step stops waiting at once and cancels the task with a write of its own (its lease is
+still valid). The call it waited on is abandoned, as at its time limit: Python cannot stop a
+thread, so the model's HTTP request or the tool goes on in the background until it returns or
+times out, and its result is dropped. A tool that can stop early watches
+``ToolContext.cancelled`` (``sleep`` does).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+from typing import TypeVar
+
+import redis
+
+from shared import notify
+from shared.constants import CANCELS_CHANNEL
+from shared.settings import get_settings
+
+log = logging.getLogger("ratchet.worker")
+T = TypeVar("T")
+RECONNECT_MAX_SECONDS = 30.0
+
+
+class Interrupted(Exception):
+    """The task was cancelled while the step waited; the call is abandoned."""
+
+
+class Watch:
+    """One running step's cancel flag, and the waits it should cut short."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        self.cancelled = threading.Event()
+        self._wakes: set[threading.Event] = set()
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled.set()
+            wakes = list(self._wakes)
+        for wake in wakes:
+            wake.set()
+
+    @contextmanager
+    def waking(self, wake: threading.Event) -> Iterator[None]:
+        with self._lock:
+            self._wakes.add(wake)
+            if self.cancelled.is_set():
+                wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._wakes.discard(wake)
+
+
+_watches: dict[str, Watch] = {}
+_lock = threading.Lock()
+_current: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("watch", default=None)
+_listening_in: int | None = None  # the process whose listener runs (threads die in a fork)
+
+
+@contextmanager
+def watching(task_id: str) -> Iterator[Watch]:
+    """Let a cancel of ``task_id`` reach the step running in this block."""
+    _ensure_listener()
+    watch = Watch(task_id)
+    with _lock:
+        _watches[task_id] = watch
+    token = _current.set(watch)
+    try:
+        yield watch
+    finally:
+        _current.reset(token)
+        with _lock:
+            if _watches.get(task_id) is watch:
+                del _watches[task_id]
+
+
+def current() -> Watch | None:
+    """The watch of the step running here (None outside a step)."""
+    return _current.get()
+
+
+def cancel(task_id: str) -> None:
+    """A cancel of ``task_id`` was requested: wake its step, if it runs in this process."""
+    with _lock:
+        watch = _watches.get(task_id)
+    if watch is not None:
+        log.info("cancel requested: the step in flight stops waiting", extra={"task_id": task_id})
+        watch.cancel()
+
+
+def call(work: Callable[[], T], *, timeout: float | None = None, name: str = "call") -> T:
+    """Run ``work`` on a thread of the call pool and wait for it, at most ``timeout`` s.
+
+    Raises :class:`Interrupted` as soon as the step's task is cancelled (inside a step), and
+    ``TimeoutError`` past the timeout; in both cases ``work`` is abandoned and runs on.
+    """
+    watch = current()
+    outcome: list[tuple[bool, object]] = []
+    wake = threading.Event()
+    context = contextvars.copy_context()  # its logs and spans stay the step's
+
+    def run() -> None:
+        try:
+            outcome.append((True, context.run(work)))
+        except BaseException as exc:  # handed over to the waiting step
+            outcome.append((False, exc))
+        finally:
+            wake.set()
+
+    _calls().submit(run)
+    with watch.waking(wake) if watch is not None else nullcontext():
+        wake.wait(timeout)
+    if watch is not None and watch.cancelled.is_set():
+        # Even if it returned meanwhile: a tool that watches the cancel returns cut short.
+        raise Interrupted(f"task {watch.task_id} was cancelled")
+    if outcome:
+        ok, value = outcome[0]
+        if ok:
+            return value  # type: ignore[return-value]
+        raise value  # type: ignore[misc]
+    raise TimeoutError(f"{name} did not return within {timeout:g} s")
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _calls() -> ThreadPoolExecutor:
+    """This process's call threads, made on first use (threads do not survive a fork) and
+    reused: starting a thread per call costs a step more than the call's own Python work.
+    Twice the step threads, so that calls abandoned and still running leave room for the
+    steps' own."""
+    pool = _pools.get(os.getpid())
+    if pool is None:
+        with _lock:
+            pool = _pools.get(os.getpid()) or _pools.setdefault(
+                os.getpid(),
+                ThreadPoolExecutor(
+                    max_workers=2 * get_settings().worker_threads, thread_name_prefix="call"
+                ),
+            )
+    return pool
+
+
+def _ensure_listener() -> None:
+    global _listening_in  # noqa: PLW0603 - one listener per process
+    if _listening_in == os.getpid():
+        return
+    with _lock:
+        if _listening_in == os.getpid():
+            return
+        _listening_in = os.getpid()
+    if get_settings().embedded:
+        notify.add_cancel_listener(cancel)  # one process: the API's cancel calls it directly
+    else:
+        threading.Thread(target=_listen, name="ratchet-cancels", daemon=True).start()
+
+
+def _listen() -> None:
+    """Follow the cancels channel for as long as the process lives, reconnecting with a
+    capped backoff; an outage is logged once when it starts and once when it ends."""
+    delay, down_since = 0.5, None
+    while True:
+        try:
+            client = redis.Redis.from_url(get_settings().redis_url, socket_connect_timeout=5)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            pubsub.subscribe(CANCELS_CHANNEL)
+            if down_since is not None:
+                log.warning("cancel wake-ups are back after %.0f s", time.monotonic() - down_since)
+                down_since = None
+            delay = 0.5
+            for message in pubsub.listen():
+                if message.get("type") == "message":
+                    cancel(message["data"].decode())
+        except redis.RedisError as exc:
+            if down_since is None:
+                down_since = time.monotonic()
+                log.warning("cancel wake-ups are down (%s); the heartbeat still finds cancels", exc)
+            time.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_SECONDS)
