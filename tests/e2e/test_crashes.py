@@ -198,7 +198,7 @@ def check_no_duplicates(task_id: str, steps: list[dict[str, Any]], *, expected_s
     """Each step committed once, each tool call once, and one event for each of them."""
     assert [s["number"] for s in steps] == list(range(1, expected_steps + 1)), steps
     assert all(s["status"] == "completed" for s in steps), steps
-    calls = [(s["number"], c["id"]) for s in steps for c in s["tool_calls"]]
+    calls = [(s["number"], c["call_id"]) for s in steps for c in s["tool_calls"]]
     assert len(calls) == len(set(calls)), calls
     events = task_events(task_id)
     seen = Counter(
@@ -341,6 +341,10 @@ def pool_pids(fleet: Stack) -> set[int]:
 # -- 1. chaos -----------------------------------------------------------------------------------
 
 
+# How long after a worker sent a request a test server may read it, at most, on a busy machine.
+READ_LAG_SECONDS = 1.0
+
+
 class Killer:
     """Kills a random worker (SIGKILL to its whole process group) every ``every`` seconds,
     starting a replacement each time, ``limit`` times or until stopped."""
@@ -384,7 +388,11 @@ class Killer:
             raise self.error
 
     def killed_between(self, start: float, end: float) -> bool:
-        return any(start <= at <= end for at in self.kills)
+        """Whether a kill fell between a request that arrived at ``start`` and its repeat at
+        ``end``. ``start`` is when a test server read the request, not when it was sent: a
+        request a worker sent just before its kill can be read after the kill is recorded
+        (one was, 1 ms after), so a kill up to ``READ_LAG_SECONDS`` before it counts."""
+        return any(start - READ_LAG_SECONDS <= at <= end for at in self.kills)
 
 
 CHAOS_TASKS = 50
@@ -713,7 +721,8 @@ def test_a_paused_worker_never_holds_the_task_row(
     row is never locked while it is frozen, so a frozen worker cannot stall the worker that
     takes over."""
     fleet = stack(workers=1, concurrency=1, env=FAST)
-    turns = [{"delay_ms": 100, **tool_turn("calculator", expression=f"{n}+1")} for n in range(15)]
+    # Long enough for a hundred freezes even when a busy machine makes each one slow.
+    turns = [{"delay_ms": 300, **tool_turn("calculator", expression=f"{n}+1")} for n in range(15)]
     with fleet.client(headers=tenant.headers) as http:
         [task_id] = submit_all(http, {"busy": scripted_task([*turns, {"content": "done"}])})
         wait_for("the worker to lease the task", lambda: lease_of(task_id)[0] is not None)
@@ -722,12 +731,7 @@ def test_a_paused_worker_never_holds_the_task_row(
             time.sleep(random.uniform(0, 0.005))
             fleet.kill_worker(0, signal.SIGSTOP)
             try:
-                # A statement it sent just before may still be running in the database: give
-                # it a moment; a lock that outlasts that is held by the frozen worker.
-                held = row_locked(task_id)
-                if held:
-                    time.sleep(0.1)
-                    held = row_locked(task_id)
+                held = held_while_frozen(task_id)
                 assert not held, f"a frozen worker holds the task's row: {holders()}"
                 frozen += 1
             finally:
@@ -735,6 +739,34 @@ def test_a_paused_worker_never_holds_the_task_row(
         task = wait_all(http, None, [task_id], timeout=60)[task_id]
     assert frozen >= 100
     assert task["status"] == "succeeded", task["error"]
+
+
+def held_while_frozen(task_id: str) -> bool:
+    """Whether the frozen worker holds the task's row: a transaction of its own left open.
+
+    A statement it sent just before it froze may still be running in the database (on a busy
+    machine, for a while): that lock goes when the statement ends, so it is waited out, for
+    less than the lease TTL (past which the database would end an idle transaction itself).
+    A lock still there then counts only if a worker's transaction sits idle, open."""
+    deadline = time.monotonic() + LEASE_TTL_SECONDS / 2
+    while row_locked(task_id):
+        if time.monotonic() > deadline:
+            return workers_idle_in_transaction() > 0
+        time.sleep(0.05)
+    return False
+
+
+def workers_idle_in_transaction() -> int:
+    from shared.db import transaction
+
+    with transaction() as session:
+        count = session.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state LIKE 'idle in transaction%' AND application_name = 'ratchet-worker'"
+            )
+        )
+    return int(count or 0)
 
 
 def pause_worker(fleet: Stack, index: int, *, task_id: str, where: str) -> None:
