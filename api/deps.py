@@ -12,10 +12,10 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
-from shared.db import get_sessionmaker
 from shared.errors import KeyRejected
 from shared.ids import hash_secret
-from shared.tenants import ADMIN, OPERATOR, Principal, verify_key
+from shared.store.db import get_sessionmaker
+from shared.store.tenants import ADMIN, OPERATOR, Principal, verify_key
 
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 

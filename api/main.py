@@ -20,10 +20,11 @@ from api.problems import REASONS, Problem, responses
 from api.routes import admin, agents, events, health, keys, tasks, webhooks
 from api.schemas import document_submission
 from api.url_credentials import UrlCredentialsMiddleware
-from shared import egress, logs
-from shared.db import require_migrated
-from shared.registry import get_registry
+from shared.agents.registry import get_registry
+from shared.observability import logs
 from shared.settings import get_settings
+from shared.store.db import require_migrated
+from shared.webhooks import egress
 
 
 @asynccontextmanager

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import base64
+
 from fastapi import Request
 
 from shared.errors import InvalidRequest
-from shared.task_store import decode_cursor
 
 # Event sequence numbers and step numbers are PostgreSQL ``integer`` columns.
 MAX_SEQ = 2**31 - 1
+
+
+def encode_cursor(value: str) -> str:
+    """An opaque page cursor for ``value`` (a row id or number) in a list's ``next_cursor``."""
+    return base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    """Strictly: anything this API did not hand out is a ValueError."""
+    try:
+        raw = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True)
+        value = raw.decode()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError("malformed cursor") from exc
+    if not value or not value.isprintable():  # no cursor holds a NUL or control character
+        raise ValueError("malformed cursor")
+    return value
 
 
 async def reject_nul(request: Request) -> None:

@@ -17,8 +17,8 @@ from pydantic import (
 )
 from typing_extensions import TypeAliasType
 
-from shared.events import EventType
 from shared.providers import Script
+from shared.store.events import EventType
 from shared.views import TaskView, Usage
 
 DEFAULT_WEBHOOK_EVENTS: tuple[EventType, ...] = ("task.succeeded", "task.failed", "task.cancelled")

@@ -17,7 +17,7 @@ from fastapi import Depends, HTTPException, Request
 
 from api.deps import get_principal, require
 from shared.settings import get_settings
-from shared.tenants import Principal
+from shared.store.tenants import Principal
 
 RETRY_AFTER_SECONDS = 5
 

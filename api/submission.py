@@ -13,14 +13,14 @@ from pydantic import ValidationError
 
 from api.problems import field_name
 from api.schemas import TaskCreate
-from shared import limits
-from shared.egress import check_url
+from shared.agents.registry import get_agent, get_registry
 from shared.errors import EgressDenied, InvalidRequest, NotFound
 from shared.providers import Script, check_available, parse_model, script_delays_over
-from shared.rate_limiter import LimiterUnavailable, get_limiter
-from shared.registry import get_agent, get_registry
+from shared.ratelimit import limits
+from shared.ratelimit.limiter import LimiterUnavailable, get_limiter
 from shared.settings import Settings
-from shared.task_store import NewTask
+from shared.store.tasks import NewTask
+from shared.webhooks.egress import check_url
 
 
 def parse(raw: bytes) -> TaskCreate:

@@ -10,8 +10,8 @@ Everything else is internal and may change.
 """
 
 from ratchet.client import Client, RatchetAPIError, WebhookVerificationError, verify_webhook
+from shared.agents.registry import Agent, ToolContext, register_agent, tool
 from shared.pricing import set_price
-from shared.registry import Agent, ToolContext, register_agent, tool
 from shared.settings import Settings, get_settings
 
 __all__ = [

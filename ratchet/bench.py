@@ -83,7 +83,7 @@ class WriteMeter:
     def install(self, engine: Any) -> None:
         from sqlalchemy import event
 
-        from shared import db
+        from shared.store import db
 
         def observe(conn: Any, statement: str, params: Any) -> None:
             words = statement.lstrip().upper()
@@ -124,16 +124,16 @@ class WriteMeter:
 
 
 def _bench_tenant() -> str:
-    from shared.db import transaction
-    from shared.tenants import create_tenant
+    from shared.store.db import transaction
+    from shared.store.tenants import create_tenant
 
     with transaction() as session:
         return create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}").id
 
 
 def _new_task(tenant_id: str, script: list[dict[str, Any]]) -> str:
-    from shared.db import transaction
-    from shared.task_store import NewTask, create_task
+    from shared.store.db import transaction
+    from shared.store.tasks import NewTask, create_task
 
     spec = NewTask(
         agent="default",
@@ -158,7 +158,7 @@ class Baseline:
     def __init__(self) -> None:
         from sqlalchemy import text
 
-        from shared.db import get_engine
+        from shared.store.db import get_engine
 
         self.timings: list[float] = []
         self._insert = text("INSERT INTO bench_baseline (v) VALUES (:v)")
@@ -168,7 +168,7 @@ class Baseline:
             )
 
     def sample(self) -> None:
-        from shared.db import transaction
+        from shared.store.db import transaction
 
         started = time.perf_counter()
         with transaction() as session:
@@ -178,7 +178,7 @@ class Baseline:
     def drop(self) -> None:
         from sqlalchemy import text
 
-        from shared.db import get_engine
+        from shared.store.db import get_engine
 
         with get_engine().begin() as conn:
             conn.execute(text("DROP TABLE bench_baseline"))
@@ -191,7 +191,7 @@ class DriverBaseline:
     def __init__(self) -> None:
         import psycopg
 
-        from shared.db import get_engine
+        from shared.store.db import get_engine
 
         url = get_engine().url.set(drivername="postgresql").render_as_string(hide_password=False)
         self.timings: list[float] = []
@@ -210,8 +210,8 @@ class DriverBaseline:
 
 
 def _cleanup(tenant_id: str) -> None:
-    from shared.db import transaction
-    from shared.models import Tenant
+    from shared.store.db import transaction
+    from shared.store.tables import Tenant
 
     with transaction() as session:
         tenant = session.get(Tenant, tenant_id)
@@ -255,9 +255,9 @@ def checkpoint(
     would slow the steps it measures.
     """
     os.environ["RATCHET_BROKER_URL"] = "memory://localhost/"  # enqueues cost nothing here
-    from shared.db import get_engine, require_migrated
     from shared.queue import get_celery
     from shared.settings import get_settings
+    from shared.store.db import get_engine, require_migrated
 
     get_settings.cache_clear()
     get_celery.cache_clear()
@@ -340,7 +340,7 @@ def _client_loop(
 ) -> None:
     import redis
 
-    from shared.rate_limiter import Bucket, RedisLimiter, Take
+    from shared.ratelimit.limiter import Bucket, RedisLimiter, Take
 
     client = redis.Redis.from_url(redis_url)
     limiter = RedisLimiter(client)
@@ -414,7 +414,7 @@ def _saturate(
 ) -> None:
     import redis
 
-    from shared.rate_limiter import Bucket, RedisLimiter, Take
+    from shared.ratelimit.limiter import Bucket, RedisLimiter, Take
 
     limiter = RedisLimiter(redis.Redis.from_url(redis_url))
     bucket = Bucket("bench:saturated", rate=rate_per_s * 60, period_s=60, capacity=10)
@@ -447,7 +447,7 @@ def limiter(
     """Limiter decisions/s and latency vs a bare Redis INCR; admitted vs configured rate."""
     import redis
 
-    from shared.rate_limiter import Bucket
+    from shared.ratelimit.limiter import Bucket
     from shared.settings import get_settings
 
     url = get_settings().redis_url
@@ -658,8 +658,8 @@ def delivery(
     concurrency: int = typer.Option(2, help="worker processes (one per core is best)"),
 ) -> None:
     """Terminal commit → webhook received and → SSE event received, at 1 and 50 tasks."""
-    from shared.db import require_migrated, transaction
-    from shared.tenants import create_key, create_tenant
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import create_key, create_tenant
 
     require_migrated()
     receiver = _Receiver()

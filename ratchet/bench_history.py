@@ -83,7 +83,7 @@ def history(
     steps: int = typer.Option(200, help="steps of the task (at most max_steps_limit)"),
 ) -> None:
     """The cost of a step near the end of a long task against one near its start."""
-    from shared.db import require_migrated
+    from shared.store.db import require_migrated
 
     require_migrated()
     queue = f"bench-{uuid.uuid4().hex[:8]}"  # where the baseline's next-step messages go

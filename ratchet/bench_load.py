@@ -153,8 +153,8 @@ def _host() -> dict[str, Any]:
 
 def _bench_key() -> tuple[str, str]:
     """A throw-away tenant and a key that may submit and read (``_cleanup`` removes both)."""
-    from shared.db import require_migrated, transaction
-    from shared.tenants import create_key, create_tenant
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import create_key, create_tenant
 
     require_migrated()
     with transaction() as session:
@@ -340,8 +340,8 @@ def _progress(ids: Sequence[str]) -> tuple[Counter[str], float | None]:
     database: one query instead of a GET per task."""
     from sqlalchemy import func, select
 
-    from shared.db import transaction
-    from shared.models import Task
+    from shared.store.db import transaction
+    from shared.store.tables import Task
 
     query = select(Task.status, func.count(), func.max(Task.finished_at))
     with transaction() as session:
@@ -351,7 +351,7 @@ def _progress(ids: Sequence[str]) -> tuple[Counter[str], float | None]:
 
 
 def _wait_terminal(ids: Sequence[str], *, deadline: float) -> tuple[Counter[str], float | None]:
-    from shared.models import TaskStatus
+    from shared.store.tables import TaskStatus
 
     while True:
         statuses, last = _progress(ids)
@@ -365,7 +365,7 @@ def _warm_up(url: str, key: str, *, worker: Child, timeout: float) -> None:
     """Run one task end to end. This is how the worker is known to be ready: Celery logs
     "ready." at INFO, below the WARNING the worker runs at; and the first task pays for the
     imports and connections no measured task should."""
-    from shared.models import TaskStatus
+    from shared.store.tables import TaskStatus
 
     submitted = _submit_all(url, key, tasks=1, submitters=1)
     if not submitted.ids:
@@ -455,7 +455,7 @@ def _pg_figures(series: dict[str, list[float]]) -> dict[str, Any]:
 
 def _capacity_report(run: CapacityRun) -> dict[str, Any]:
     """The figures and the targets. A run that timed out is measured up to its deadline."""
-    from shared.models import TaskStatus
+    from shared.store.tables import TaskStatus
 
     scenario, submitted, stub = run.scenario, run.submitted, run.stub
     finished = sum(run.statuses[s] for s in TaskStatus.TERMINAL)

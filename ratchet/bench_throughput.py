@@ -240,8 +240,8 @@ class Ratchet:
     def done(self) -> bool:
         from sqlalchemy import func, select
 
-        from shared.db import transaction
-        from shared.models import Task, TaskStatus
+        from shared.store.db import transaction
+        from shared.store.tables import Task, TaskStatus
 
         terminal = Task.id.in_(self.ids) & Task.status.in_(TaskStatus.TERMINAL)
         with transaction() as session:
@@ -251,8 +251,8 @@ class Ratchet:
         """Fails when a task did not succeed: a rate of failures would mean nothing."""
         from sqlalchemy import select
 
-        from shared.db import transaction
-        from shared.models import Task, TaskStatus
+        from shared.store.db import transaction
+        from shared.store.tables import Task, TaskStatus
 
         query = select(Task.status, Task.steps, Task.finished_at).where(Task.id.in_(self.ids))
         with transaction() as session:
@@ -268,8 +268,8 @@ class Ratchet:
 
 
 def _bench_tenant_and_key() -> tuple[str, str]:
-    from shared.db import transaction
-    from shared.tenants import create_key, create_tenant
+    from shared.store.db import transaction
+    from shared.store.tenants import create_key, create_tenant
 
     with transaction() as session:
         tenant = create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}")
@@ -456,7 +456,7 @@ def throughput(
     After a warm-up, each shape runs ``--rounds`` times on both, taking turns; the median run
     of each is reported, and the ratio is of the medians.
     """
-    from shared.db import get_engine, require_migrated
+    from shared.store.db import get_engine, require_migrated
 
     if get_engine().dialect.name != "postgresql":
         raise typer.BadParameter("set RATCHET_DATABASE_URL to a PostgreSQL database")

@@ -15,7 +15,7 @@ import typer
 
 if TYPE_CHECKING:
     from ratchet.client import Client
-    from shared.models import ApiKey
+    from shared.store.tables import ApiKey
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -148,8 +148,8 @@ def dev(
 def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     """Serve the HTTP API with uvicorn (production: Postgres + Redis)."""
     from api import server
-    from shared import logs
-    from shared.db import require_migrated
+    from shared.observability import logs
+    from shared.store.db import require_migrated
 
     os.environ.setdefault("PGAPPNAME", "ratchet-api")  # its connections, in pg_stat_activity
     require_migrated()
@@ -211,8 +211,8 @@ def worker(
     settings = get_settings()
     if settings.worker_metrics_port:
         _serve_worker_metrics(settings.worker_metrics_port)
-    from shared.db import require_migrated
     from shared.queue import webhook_queue
+    from shared.store.db import require_migrated
     from workers.app import app as celery_app
 
     require_migrated()
@@ -260,8 +260,8 @@ def flower(port: int = 5555, address: str = "127.0.0.1") -> None:
 @app.command()
 def migrate() -> None:
     """Apply database migrations (safe to run again)."""
-    from shared.db import migrate as run_migrations
     from shared.settings import get_settings
+    from shared.store.db import migrate as run_migrations
 
     run_migrations()
     _err(f"migrated {get_settings().effective_database_url.split('@')[-1]}")
@@ -273,8 +273,8 @@ def tenants_create(
     scope: Annotated[list[str] | None, typer.Option(help="scopes of the first key")] = None,
 ) -> None:
     """Create a tenant and print its first API key (alone on stdout)."""
-    from shared.db import require_migrated, transaction
-    from shared.tenants import DEFAULT_SCOPES, create_key, create_tenant
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import DEFAULT_SCOPES, create_key, create_tenant
 
     require_migrated()
     with transaction() as session:
@@ -287,8 +287,8 @@ def tenants_create(
 @tenants.command("list")
 def tenants_list() -> None:
     """Print every tenant as JSON: id, name, created_at."""
-    from shared.db import require_migrated, transaction
-    from shared.tenants import list_tenants
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import list_tenants
 
     require_migrated()
     with transaction() as session:
@@ -359,8 +359,8 @@ def keys_create(
     """Create an API key for a tenant and print it (alone on stdout). It is shown only once.
 
     Only here can a key get the operator scope (fleet-wide views and actions)."""
-    from shared.db import require_migrated, transaction
-    from shared.tenants import DEFAULT_SCOPES, create_key, get_tenant_by_name
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import DEFAULT_SCOPES, create_key, get_tenant_by_name
 
     expiry = _expiry(expires_in, expires_at)
     require_migrated()
@@ -378,8 +378,8 @@ def keys_create(
 @keys.command("list")
 def keys_list(tenant: Annotated[str, typer.Option(help="tenant name")]) -> None:
     """Print the tenant's keys as JSON, newest first: prefix, name, scopes, last use."""
-    from shared.db import require_migrated, transaction
-    from shared.tenants import get_tenant_by_name, list_keys
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import get_tenant_by_name, list_keys
 
     require_migrated()
     with transaction() as session:
@@ -394,8 +394,8 @@ def keys_revoke(
     tenant: Annotated[str, typer.Option(help="tenant name")],
 ) -> None:
     """Revoke a key: the next request that carries it is refused."""
-    from shared.db import require_migrated, transaction
-    from shared.tenants import get_tenant_by_name, revoke_key
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import get_tenant_by_name, revoke_key
 
     require_migrated()
     with transaction() as session:
@@ -414,8 +414,8 @@ def keys_rotate(
 ) -> None:
     """Print a new key (alone on stdout) with the old one's name, scopes and lifetime; the old
     key stops working after the grace period (default: at once)."""
-    from shared.db import require_migrated, transaction
-    from shared.tenants import get_tenant_by_name, rotate_key
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import get_tenant_by_name, rotate_key
 
     period = _duration(grace)
     require_migrated()
@@ -435,10 +435,10 @@ def webhooks_secret(
     """Print the tenant's current webhook signing secret (alone on stdout)."""
     from datetime import timedelta
 
-    from shared import webhook_secrets
-    from shared.db import require_migrated, transaction
     from shared.settings import get_settings
-    from shared.tenants import get_tenant_by_name
+    from shared.store.db import require_migrated, transaction
+    from shared.store.tenants import get_tenant_by_name
+    from shared.webhooks import secrets as webhook_secrets
 
     require_migrated()
     overlap = timedelta(hours=get_settings().webhook_secret_overlap_hours)
@@ -462,13 +462,13 @@ def webhooks_add_endpoint(
     ] = None,
 ) -> None:
     """Add a default endpoint: it receives these events of every task of the tenant."""
-    from shared import outbox
-    from shared.db import require_migrated, transaction
-    from shared.egress import check_url
     from shared.errors import EgressDenied
-    from shared.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
     from shared.settings import get_settings
-    from shared.tenants import get_tenant_by_name
+    from shared.store import outbox
+    from shared.store.db import require_migrated, transaction
+    from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
+    from shared.store.tenants import get_tenant_by_name
+    from shared.webhooks.egress import check_url
 
     require_migrated()
     events = event or list(TERMINAL_EVENT_TYPES)

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from shared.signing import WebhookVerificationError, verify
+from shared.webhooks.signing import WebhookVerificationError, verify
 
 __all__ = ["Client", "Event", "RatchetAPIError", "WebhookVerificationError", "verify_webhook"]
 TERMINAL = ("succeeded", "failed", "cancelled")

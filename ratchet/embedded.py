@@ -17,13 +17,13 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from api import server
-from shared import logs, tracing
-from shared.db import migrate, transaction
 from shared.errors import NotFound
-from shared.models import ApiKey
+from shared.observability import logs, tracing
 from shared.queue import webhook_queue
 from shared.settings import Settings, get_settings
-from shared.tenants import authenticate, create_key, create_tenant, get_tenant_by_name
+from shared.store.db import migrate, transaction
+from shared.store.tables import ApiKey
+from shared.store.tenants import authenticate, create_key, create_tenant, get_tenant_by_name
 
 DEV_TENANT = "dev"
 # The one person running `ratchet dev` is its operator too: fleet views work with this key.

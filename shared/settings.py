@@ -197,7 +197,9 @@ class Settings(BaseSettings):
     @classmethod
     def _rate_limits(cls, value: str) -> str:
         if value.strip():
-            from shared.limits import parse_inline  # imported late: it reads these settings
+            from shared.ratelimit.limits import (
+                parse_inline,  # imported late: it reads these settings
+            )
 
             parse_inline(value)
         return value
@@ -206,7 +208,7 @@ class Settings(BaseSettings):
     @classmethod
     def _rate_limits_file(cls, value: Path | None) -> Path | None:
         if value is not None:
-            from shared.limits import parse_file  # imported late: it reads these settings
+            from shared.ratelimit.limits import parse_file  # imported late: it reads these settings
 
             parse_file(value)
         return value

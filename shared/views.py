@@ -41,7 +41,7 @@ def aware(value: datetime | None) -> datetime | None:
 
 
 class TaskState(Protocol):
-    """A task as read: an ORM Task, or a row returned by a write (``task_store.TASK_COLUMNS``)."""
+    """A task as read: an ORM Task, or a row returned by a write (``fenced.TASK_COLUMNS``)."""
 
     @property
     def id(self) -> str: ...

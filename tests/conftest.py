@@ -73,11 +73,11 @@ def database_url() -> Iterator[str]:
     with psycopg.connect(_libpq(ADMIN_URL), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    from shared.db import migrate
+    from shared.store.db import migrate
 
     migrate(url)
     yield url
-    from shared.db import reset_engines
+    from shared.store.db import reset_engines
 
     reset_engines()
     with psycopg.connect(_libpq(ADMIN_URL), autocommit=True) as conn:
@@ -113,9 +113,9 @@ def service_env(database_url: str) -> Iterator[dict[str, str]]:
 
 
 def _reset_caches() -> None:
-    from shared.db import reset_engines
     from shared.queue import get_celery
     from shared.settings import get_settings
+    from shared.store.db import reset_engines
 
     get_settings.cache_clear()
     get_celery.cache_clear()
@@ -136,9 +136,9 @@ class TenantHandle:
 @pytest.fixture
 def make_tenant(service_env: dict[str, str]) -> Iterator[Callable[..., TenantHandle]]:
     """Create tenants (each with one API key); they and their tasks are deleted afterwards."""
-    from shared.db import transaction
-    from shared.models import Tenant
-    from shared.tenants import DEFAULT_SCOPES, create_key, create_tenant
+    from shared.store.db import transaction
+    from shared.store.tables import Tenant
+    from shared.store.tenants import DEFAULT_SCOPES, create_key, create_tenant
 
     created: list[str] = []
 

@@ -8,12 +8,13 @@ from typing import Any
 
 from celery import signals
 
-from shared import egress, logs, tracing
+from shared.agents.registry import get_registry
 from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
-from shared.db import reset_engines
+from shared.observability import logs, tracing
 from shared.queue import get_celery
-from shared.registry import get_registry
 from shared.settings import get_settings
+from shared.store.db import reset_engines
+from shared.webhooks import egress
 from workers import step_pool, step_runner, sweeper, tokens, webhook_sender
 
 log = logging.getLogger("ratchet.worker")

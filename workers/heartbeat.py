@@ -20,10 +20,9 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from shared import task_store
-from shared.db import write_session
 from shared.settings import get_settings
-from shared.task_store import Lease
+from shared.store.db import write_session
+from shared.store.leases import Lease, extend_leases
 from workers import cancels
 
 log = logging.getLogger("ratchet.heartbeat")
@@ -86,7 +85,7 @@ def _extend_batch(leases: list[Lease], *, ttl_ms: int) -> None:
     try:
         # One statement (no transaction left open), on a connection of the heartbeat's own.
         with write_session(heartbeat=True) as session:
-            held = task_store.extend_leases(session, leases, ttl_ms=ttl_ms)
+            held = extend_leases(session, leases, ttl_ms=ttl_ms)
     except Exception:
         log.exception("heartbeat of %d lease(s) failed", len(leases))
         return

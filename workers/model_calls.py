@@ -18,12 +18,13 @@ from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from shared import limits, metrics
 from shared.errors import ModelError, ModelRateLimited, ModelTransientError
-from shared.rate_limiter import LimiterUnavailable, Take, get_limiter
+from shared.observability import metrics
+from shared.ratelimit import limits
+from shared.ratelimit.limiter import LimiterUnavailable, Take, get_limiter
 from shared.settings import get_settings
 from workers import tokens
-from workers.models import ModelRequest, ModelResponse, Provider
+from workers.providers import ModelRequest, ModelResponse, Provider
 
 log = logging.getLogger("ratchet.model")
 MAX_BACKOFF_SECONDS = 600.0

@@ -32,25 +32,35 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
-from shared import checkpoints, failpoints, ledger, logs, metrics, notify, task_store, tracing
-from shared.batch import Part
-from shared.db import write_session
+from shared import failpoints, notify
+from shared.agents.registry import Agent, Tool, ToolContext, get_agent, get_registry
 from shared.errors import CancelRequested, LeaseLost, ModelError
-from shared.models import Step, TaskStatus, Tenant, ToolCall, utcnow
+from shared.observability import logs, metrics, tracing
 from shared.pricing import cost_usd
 from shared.queue import enqueue_step
-from shared.rate_limiter import LimiterUnavailable
-from shared.registry import Agent, Tool, ToolContext, get_agent, get_registry
+from shared.ratelimit.limiter import LimiterUnavailable
 from shared.settings import get_settings
-from shared.task_store import Lease, LeaseRefused
+from shared.store import checkpoints, leases, ledger
+from shared.store.batch import Part
+from shared.store.db import write_session
+from shared.store.fenced import EventSpec
+from shared.store.leases import Lease, LeaseRefused
+from shared.store.tables import Step, TaskStatus, Tenant, ToolCall, utcnow
+from shared.store.writes import (
+    CANCELLED_ERROR,
+    progress_values,
+    release_values,
+    terminal_values,
+    usage_values,
+    write,
+)
 from shared.views import TaskState, task_document
 from workers import cancels, heartbeat, model_calls, tool_runner, webhook_sender
-from workers.models import ModelRequest, ModelResponse, ToolCallRequest, get_provider
-from workers.models.base import Message, ToolSchema
+from workers.providers import ModelRequest, ModelResponse, ToolCallRequest, get_provider
+from workers.providers.base import Message, ToolSchema
 
 log = logging.getLogger("ratchet.step")
 KEPT_ATTEMPTS = 20  # failed model calls of a step kept for its timeline (the latest)
-CANCELLED_ERROR = task_store.CANCELLED_ERROR
 
 
 class TaskEnded(Exception):
@@ -154,7 +164,7 @@ def advance_one(
             end_task_span(ctx.task)
     if outcome != "committed":
         return None
-    return Carried(ctx.history + ctx.said, lease.step + 1, task_store.next_lease(lease, ctx.task))
+    return Carried(ctx.history + ctx.said, lease.step + 1, leases.next_lease(lease, ctx.task))
 
 
 def end_task_span(task: TaskState) -> None:
@@ -195,7 +205,7 @@ def _lease_step(task_id: str, step: int | None, carried: Carried | None) -> Cont
         return following_context(carried.lease, carried.history)
     settings = get_settings()
     with write_session() as session:
-        lease = task_store.take_lease(
+        lease = leases.take_lease(
             session,
             task_id,
             owner=worker_id(),
@@ -302,20 +312,20 @@ class Writes:
 
     ctx: Context
     values: dict[str, Any] = field(default_factory=dict)
-    events: list[task_store.EventSpec] = field(default_factory=list)
+    events: list[EventSpec] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
     honour_cancel: bool = True
     deliveries: list[str] = field(default_factory=list)
 
     def write(
-        self, *, values: dict[str, Any] | None = None, events: Sequence[task_store.EventSpec] = ()
+        self, *, values: dict[str, Any] | None = None, events: Sequence[EventSpec] = ()
     ) -> None:
         self.values, self.events = values or {}, list(events)
 
     def finish(self, status: str, **kwargs: Any) -> None:
         """End the task: the terminal values and ``task.<status>`` event."""
         self.write(
-            values=task_store.terminal_values(status, **kwargs),
+            values=terminal_values(status, **kwargs),
             events=[(f"task.{status}", task_document)],
         )
         self.honour_cancel = status != TaskStatus.CANCELLED
@@ -326,7 +336,7 @@ class Writes:
 
     def commit(self) -> None:
         with write_session() as session:
-            written = task_store.write(
+            written = write(
                 session,
                 self.ctx.lease,
                 task=self.ctx.task,
@@ -428,7 +438,7 @@ def completion(ctx: Context) -> dict[str, Any]:
     lease = ctx.lease
     next_owner = worker_id() if ctx.go_on() else None
     return {
-        "values": task_store.progress_values(lease, next_owner=next_owner),
+        "values": progress_values(lease, next_owner=next_owner),
         "events": [("step.completed", {"step": lease.step})],
     }
 
@@ -610,7 +620,7 @@ def defer(
     lease = ctx.lease
     cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
     delay_ms = min(int(deferred.delay_s * 1000), cap_ms)
-    values = task_store.release_values(
+    values = release_values(
         lease,
         delay_ms=delay_ms,
         model_failures=deferred.failures,
@@ -635,12 +645,10 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     cost = cost_usd(
         task.model, input_tokens=response.input_tokens, output_tokens=response.output_tokens
     )
-    values = task_store.usage_values(
+    values = usage_values(
         input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost
     )
-    events: list[task_store.EventSpec] = [
-        ("step.model_response", _response_event(lease.step, response, cost))
-    ]
+    events: list[EventSpec] = [("step.model_response", _response_event(lease.step, response, cost))]
     over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
     final = not response.tool_calls and not over_budget
     if over_budget or final:
@@ -676,15 +684,13 @@ def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str
 
 def _ending(
     step: int, response: ModelResponse, *, over_budget: str | None
-) -> tuple[dict[str, Any], list[task_store.EventSpec]]:
+) -> tuple[dict[str, Any], list[EventSpec]]:
     """The values and events that end the task with this answer: failed over its budget,
     or succeeded with the answer as its output."""
     if over_budget:
         error = {"type": "budget_exceeded", "message": over_budget}
-        return task_store.terminal_values(TaskStatus.FAILED, error=error), [
-            ("task.failed", task_document)
-        ]
-    values = task_store.terminal_values(
+        return terminal_values(TaskStatus.FAILED, error=error), [("task.failed", task_document)]
+    values = terminal_values(
         TaskStatus.SUCCEEDED, result={"output": response.content or ""}, steps=step
     )
     return values, [("step.completed", {"step": step}), ("task.succeeded", task_document)]
@@ -795,10 +801,10 @@ def record_outcome(
         "result": outcome.result,
         "error": outcome.error,
     }
-    events: list[task_store.EventSpec] = [("step.tool_call", event)]
+    events: list[EventSpec] = [("step.tool_call", event)]
     values: dict[str, Any] = {}
     if end_task is not None:
-        values = task_store.terminal_values(TaskStatus.FAILED, error=end_task)
+        values = terminal_values(TaskStatus.FAILED, error=end_task)
         events.append(("task.failed", task_document))
     elif last:
         done = completion(ctx)

@@ -21,10 +21,10 @@ import time
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from shared import outbox, task_store
-from shared.db import now_ms, transaction, write_session
 from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
+from shared.store import outbox, tasks
+from shared.store.db import now_ms, transaction, write_session
 
 log = logging.getLogger("ratchet.sweeper")
 SWEEP_LOCK_ID = 0x5241544348  # "RATCH"
@@ -51,13 +51,11 @@ def sweep_once() -> int:
         offset = int(session.scalar(select(now_ms())) or 0) - int(time.time() * 1000)
         steps_before = _waiting_since(steps_sent, offset)
         sends_before = _waiting_since(sends_sent, offset)
-        candidates = task_store.due_for_sweep(
-            session, grace_ms=grace_ms, sent_before_ms=steps_before
-        )
+        candidates = tasks.due_for_sweep(session, grace_ms=grace_ms, sent_before_ms=steps_before)
         lost_sends = outbox.due(session, grace_ms=grace_ms, sent_before_ms=sends_before)
     with write_session() as session:
         ids = [task_id for task_id, _ in candidates]
-        overdue = task_store.mark_redispatched(
+        overdue = tasks.mark_redispatched(
             session, ids, grace_ms=grace_ms, sent_before_ms=steps_before
         )
         deliveries = outbox.mark_redispatched(

@@ -32,7 +32,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from shared.settings import get_settings
-from workers.models.base import ModelRequest, estimate_tokens
+from workers.providers.base import ModelRequest, estimate_tokens
 
 if TYPE_CHECKING:
     import tiktoken

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from shared.agents.registry import Tool, ToolContext
 from shared.errors import RatchetError
-from shared.registry import Tool, ToolContext
 from shared.settings import get_settings
 from workers import cancels
 

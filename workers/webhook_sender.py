@@ -16,14 +16,16 @@ import time
 
 import httpx
 
-from shared import metrics, outbox, webhook_secrets
-from shared.db import transaction
-from shared.egress import Destination, check_url, pinned_request
 from shared.errors import EgressDenied
-from shared.models import WebhookDelivery, utcnow
+from shared.observability import metrics
 from shared.queue import enqueue_deliveries
 from shared.settings import get_settings
-from shared.signing import sign
+from shared.store import outbox
+from shared.store.db import transaction
+from shared.store.tables import WebhookDelivery, utcnow
+from shared.webhooks import secrets as webhook_secrets
+from shared.webhooks.egress import Destination, check_url, pinned_request
+from shared.webhooks.signing import sign
 
 log = logging.getLogger("ratchet.webhooks")
 CLAIM_MS = 120_000

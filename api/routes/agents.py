@@ -7,10 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import Reader
-from api.params import cursor_after
+from api.params import cursor_after, encode_cursor
 from api.schemas import AgentList, AgentOut, ToolOut
-from shared.registry import get_registry
-from shared.task_store import encode_cursor
+from shared.agents.registry import get_registry
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 

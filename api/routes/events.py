@@ -23,9 +23,9 @@ from api.event_hub import hub
 from api.params import event_start
 from api.problems import responses
 from api.stream_limits import StreamReader
-from shared import task_store
-from shared.db import get_sessionmaker
-from shared.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, last_event, list_events
+from shared.store import tasks
+from shared.store.db import get_sessionmaker
+from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, last_event, list_events
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"])
 KEEPALIVE_SECONDS = 15.0
@@ -41,7 +41,7 @@ def _read(tenant_id: str, task_id: str, after: int) -> Batch:
     The last event is read after the batch: the log only grows, so when the newest event is
     terminal and the stream has sent it, nothing follows it (a retry appends after it)."""
     with get_sessionmaker()() as session, session.begin():
-        task_store.get_task(session, tenant_id, task_id)
+        tasks.get_task(session, tenant_id, task_id)
         events = [
             (e.seq, e.type, json.dumps(e.data, separators=(",", ":")))
             for e in list_events(session, task_id, after=after, limit=BATCH)
@@ -53,7 +53,7 @@ def _read(tenant_id: str, task_id: str, after: int) -> Batch:
 
 def _check_exists(tenant_id: str, task_id: str) -> None:
     with get_sessionmaker()() as session, session.begin():
-        task_store.get_task(session, tenant_id, task_id)
+        tasks.get_task(session, tenant_id, task_id)
 
 
 async def _stream(request: Request, tenant_id: str, task_id: str, after: int) -> AsyncIterator[str]:

@@ -10,8 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import text
 
 from api.problems import problem, responses
-from shared.db import get_engine, require_migrated
 from shared.settings import get_settings
+from shared.store.db import get_engine, require_migrated
 
 router = APIRouter(tags=["health"])
 

@@ -12,13 +12,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from api import params
 from api.deps import Admin, SessionDep, verified_keys
 from api.params import cursor_after
 from api.problems import responses
-from shared import task_store, tenants
 from shared.errors import InvalidRequest
-from shared.models import ApiKey, utcnow
-from shared.tenants import MAX_ROTATION_GRACE, OPERATOR
+from shared.store import tenants
+from shared.store.tables import ApiKey, utcnow
+from shared.store.tenants import MAX_ROTATION_GRACE, OPERATOR
 from shared.views import aware
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -109,9 +110,7 @@ def list_keys(
         rows = tenants.list_keys(session, principal.tenant_id, after=after, limit=limit + 1)
         items = [KeyOut(**_fields(r)) for r in rows[:limit]]
     more = len(rows) > limit
-    return KeyList(
-        items=items, next_cursor=task_store.encode_cursor(items[-1].id) if more else None
-    )
+    return KeyList(items=items, next_cursor=params.encode_cursor(items[-1].id) if more else None)
 
 
 @router.post(

@@ -13,19 +13,21 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.exc import IntegrityError
 
-from api import submission
+from api import params, submission
 from api.deps import Reader, SessionDep, Writer
 from api.event_hub import hub
 from api.params import cursor_after, parse_seq
 from api.problems import responses
 from api.schemas import FailedModelCall, StepList, StepOut, TaskCreate, TaskList, ToolCallOut
 from api.stream_limits import limits
-from shared import checkpoints, ledger, metrics, notify, task_store
-from shared.db import get_sessionmaker
+from shared import notify
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
-from shared.models import Step, Task, TaskStatus, ToolCall
+from shared.observability import metrics
 from shared.queue import enqueue_deliveries, enqueue_step
 from shared.settings import get_settings
+from shared.store import checkpoints, ledger, tasks
+from shared.store.db import get_sessionmaker
+from shared.store.tables import Step, Task, TaskStatus, ToolCall
 from shared.views import TaskView, Usage, aware, task_view
 
 log = logging.getLogger("ratchet.api")
@@ -127,13 +129,13 @@ def submit_task(
     deliveries: list[str] = []
     try:
         with session.begin():
-            existing = idempotency_key and task_store.find_by_idempotency_key(
+            existing = idempotency_key and tasks.find_by_idempotency_key(
                 session, principal.tenant_id, idempotency_key
             )
             if existing:
                 task = _replay(existing, digest)
             else:
-                task = task_store.create_task(
+                task = tasks.create_task(
                     session,
                     principal.tenant_id,
                     spec,
@@ -146,9 +148,7 @@ def submit_task(
         # A concurrent request with the same key committed first.
         assert idempotency_key is not None
         with session.begin():
-            existing = task_store.find_by_idempotency_key(
-                session, principal.tenant_id, idempotency_key
-            )
+            existing = tasks.find_by_idempotency_key(session, principal.tenant_id, idempotency_key)
         if existing is None:
             raise Conflict("a request with this Idempotency-Key is in progress") from None
         task, created = _replay(existing, digest), False
@@ -163,7 +163,7 @@ def submit_task(
 
 def _read_task(tenant_id: str, task_id: str) -> Task:
     with get_sessionmaker()() as session, session.begin():
-        return task_store.get_task(session, tenant_id, task_id)
+        return tasks.get_task(session, tenant_id, task_id)
 
 
 @router.get(
@@ -235,11 +235,11 @@ def list_tasks(
         raise InvalidRequest("status", f"must be one of {', '.join(TaskStatus.ALL)}")
     after = _decode_task_cursor(cursor)
     with session.begin():
-        rows, last = task_store.list_tasks(
+        rows, last = tasks.list_tasks(
             session, principal.tenant_id, status=status, agent=agent, limit=limit, after_id=after
         )
         items = [task_view(t) for t in rows]
-    return TaskList(items=items, next_cursor=task_store.encode_cursor(last) if last else None)
+    return TaskList(items=items, next_cursor=params.encode_cursor(last) if last else None)
 
 
 def _decode_task_cursor(cursor: str | None) -> str | None:
@@ -265,9 +265,7 @@ def cancel_task(task_id: str, principal: Writer, session: SessionDep) -> TaskVie
     409 if the task already ended."""
     deliveries: list[str] = []
     with session.begin():
-        task = task_store.request_cancel(
-            session, principal.tenant_id, task_id, deliveries=deliveries
-        )
+        task = tasks.request_cancel(session, principal.tenant_id, task_id, deliveries=deliveries)
     if task.cancel_requested_at is not None:  # a step is in flight: stop its wait
         notify.publish_cancel(task.id)
     _after_commit(task, deliveries)
@@ -285,9 +283,7 @@ def retry_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView
     """A failed task resumes from its last committed step. 409 unless failed."""
     deliveries: list[str] = []
     with session.begin():
-        task = task_store.requeue_failed(
-            session, principal.tenant_id, task_id, deliveries=deliveries
-        )
+        task = tasks.requeue_failed(session, principal.tenant_id, task_id, deliveries=deliveries)
     _after_commit(task, deliveries, run=True)
     return task_view(task)
 
@@ -311,13 +307,13 @@ def list_steps(
     after = cursor_after(cursor)
     after_step = 0 if after is None else parse_seq(after, field="cursor")
     with session.begin():
-        task = task_store.get_task(session, principal.tenant_id, task_id)
+        task = tasks.get_task(session, principal.tenant_id, task_id)
         steps = checkpoints.load_steps(session, task_id, after=after_step, limit=limit + 1)
         more = len(steps) > limit
         steps = steps[:limit]
         calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
         items = [_step_out(s, [c for c in calls if c.step_number == s.number]) for s in steps]
-    next_cursor = task_store.encode_cursor(str(steps[-1].number)) if more else None
+    next_cursor = params.encode_cursor(str(steps[-1].number)) if more else None
     failed = (task.waiting or {}).get("model_attempts") or (task.error or {}).get("attempts")
     return StepList(
         items=items,

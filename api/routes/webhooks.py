@@ -8,13 +8,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
+from api import params
 from api.deps import Admin, Reader, SessionDep, Writer
 from api.params import cursor_after
 from api.problems import responses
-from shared import outbox, task_store, webhook_secrets
 from shared.queue import enqueue_deliveries
 from shared.settings import get_settings
+from shared.store import outbox, tasks
 from shared.views import aware
+from shared.webhooks import secrets as webhook_secrets
 
 router = APIRouter(tags=["webhooks"])
 
@@ -96,10 +98,10 @@ def list_deliveries(
     """Every webhook delivery of the task, each with its attempts (status, latency, error)."""
     after = cursor_after(cursor)
     with session.begin():
-        task_store.get_task(session, principal.tenant_id, task_id)
+        tasks.get_task(session, principal.tenant_id, task_id)
         rows, attempts, last = outbox.list_for_task(session, task_id, after=after, limit=limit)
         items = [_out(r, attempts[r.id]) for r in rows]
-    return DeliveryList(items=items, next_cursor=task_store.encode_cursor(last) if last else None)
+    return DeliveryList(items=items, next_cursor=params.encode_cursor(last) if last else None)
 
 
 @router.post(

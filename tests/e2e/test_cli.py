@@ -130,8 +130,8 @@ def test_version_comes_from_the_package(ratchet: Run) -> None:
 def test_keys_from_the_cli_create_list_rotate_and_revoke(
     ratchet: Run, make_tenant: Callable[..., TenantHandle]
 ) -> None:
-    from shared.db import transaction
-    from shared.tenants import authenticate
+    from shared.store.db import transaction
+    from shared.store.tenants import authenticate
 
     tenant = make_tenant()
 

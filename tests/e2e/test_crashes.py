@@ -177,8 +177,8 @@ def timeline(http: httpx.Client, task_id: str) -> list[dict[str, Any]]:
 
 def task_events(task_id: str) -> list[tuple[str, dict[str, Any]]]:
     """The task's events (type, data), checked to be numbered 1, 2, 3 … without a gap."""
-    from shared.db import transaction
-    from shared.models import TaskEvent
+    from shared.store.db import transaction
+    from shared.store.tables import TaskEvent
 
     with transaction() as session:
         rows = session.execute(
@@ -219,8 +219,8 @@ def check_no_duplicates(task_id: str, steps: list[dict[str, Any]], *, expected_s
 
 def lease_of(task_id: str) -> tuple[str | None, int]:
     """(lease_owner, lease_epoch) of a task; the owner is ``host:pid:thread``."""
-    from shared.db import transaction
-    from shared.models import Task
+    from shared.store.db import transaction
+    from shared.store.tables import Task
 
     with transaction() as session:
         row = session.execute(
@@ -235,8 +235,8 @@ def owner_pid(owner: str) -> int:
 
 def row_locked(task_id: str) -> bool:
     """Whether some transaction holds the task's row lock right now."""
-    from shared.db import transaction
-    from shared.models import Task
+    from shared.store.db import transaction
+    from shared.store.tables import Task
 
     try:
         with transaction() as session:
@@ -250,7 +250,7 @@ def row_locked(task_id: str) -> bool:
 
 def holders() -> list[tuple[str, str, str]]:
     """What the sessions holding row locks on tasks are doing (for failure messages)."""
-    from shared.db import transaction
+    from shared.store.db import transaction
 
     with transaction() as session:
         rows = session.execute(
@@ -284,7 +284,7 @@ def client_ports(pids: Iterable[int]) -> set[int]:
 
 def open_transactions(pids: Iterable[int]) -> list[str]:
     """The statements of the database sessions of these processes that are not idle."""
-    from shared.db import transaction
+    from shared.store.db import transaction
 
     with transaction() as session:
         rows = session.scalars(
@@ -757,7 +757,7 @@ def held_while_frozen(task_id: str) -> bool:
 
 
 def workers_idle_in_transaction() -> int:
-    from shared.db import transaction
+    from shared.store.db import transaction
 
     with transaction() as session:
         count = session.scalar(
@@ -823,8 +823,8 @@ def test_a_paused_worker_is_fenced_when_it_wakes(
     check_no_duplicates(task_id, steps, expected_steps=2)
     [call] = steps[0]["tool_calls"]
     assert (call["status"], call["result"], call["runs"]) == ("succeeded", 42, 1)
-    from shared.db import transaction
-    from shared.models import Step
+    from shared.store.db import transaction
+    from shared.store.tables import Step
 
     with transaction() as session:
         epochs = session.scalars(select(Step.lease_epoch).where(Step.task_id == task_id)).all()

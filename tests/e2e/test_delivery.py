@@ -108,8 +108,8 @@ def wait_for_delivery(
 
 
 def current_secret(tenant: TenantHandle) -> str:
-    from shared import webhook_secrets
-    from shared.db import transaction
+    from shared.store.db import transaction
+    from shared.webhooks import secrets as webhook_secrets
 
     with transaction() as session:
         return webhook_secrets.current(session, tenant.id)
@@ -406,16 +406,16 @@ class WakeUpTrap:
 
 
 def task_status(task_id: str) -> str | None:
-    from shared.db import transaction
-    from shared.models import Task
+    from shared.store.db import transaction
+    from shared.store.tables import Task
 
     with transaction() as session:
         return session.scalar(select(Task.status).where(Task.id == task_id))
 
 
 def delivery_states(task_id: str) -> list[tuple[str, str, int]]:
-    from shared.db import transaction
-    from shared.models import WebhookDelivery
+    from shared.store.db import transaction
+    from shared.store.tables import WebhookDelivery
 
     with transaction() as session:
         rows = session.execute(

@@ -10,7 +10,7 @@ import re
 import time
 from typing import Any
 
-from shared import tracing
+from shared.observability import tracing
 from tests.conftest import TenantHandle
 from tests.e2e.conftest import StackFactory
 from tests.e2e.util import wait_all

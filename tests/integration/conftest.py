@@ -20,8 +20,8 @@ def client(service_env: dict[str, str]) -> Iterator[TestClient]:
 @pytest.fixture
 def drive(service_env: dict[str, str]) -> Callable[..., str]:
     """Run a task's steps inline, in this process, until it is terminal; return its status."""
-    from shared.db import transaction
-    from shared.models import Task
+    from shared.store.db import transaction
+    from shared.store.tables import Task
     from workers.step_runner import advance
 
     def run(task_id: str, max_messages: int = 100) -> str:

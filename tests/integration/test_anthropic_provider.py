@@ -60,7 +60,7 @@ def message(content: list[dict[str, Any]], stop: str, *, tokens: tuple[int, int]
 @pytest.fixture
 def anthropic_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., MessagesServer]]:
     from shared.settings import get_settings
-    from workers.models import _provider
+    from workers.providers import _provider
 
     servers: list[MessagesServer] = []
 

@@ -21,10 +21,10 @@ import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from shared.db import transaction
-from shared.models import Task, Tenant
 from shared.settings import get_settings
-from shared.tenants import create_key
+from shared.store.db import transaction
+from shared.store.tables import Task, Tenant
+from shared.store.tenants import create_key
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task, tool_turn
 

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from shared.db import transaction
+from shared.store.db import transaction
 from tests.conftest import TenantHandle
 from tests.integration.test_api import assert_problem, error_fields, task_count
 

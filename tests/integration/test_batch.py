@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from shared import task_store
-from shared.db import fetch_one, transaction, write_session
 from shared.errors import CancelRequested, LeaseLost
-from shared.models import Step, Task, TaskEvent, WebhookDelivery, utcnow
+from shared.store import leases, writes
+from shared.store.db import fetch_one, transaction, write_session
+from shared.store.tables import Step, Task, TaskEvent, WebhookDelivery, utcnow
 from shared.views import task_document
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task, tool_turn
@@ -108,11 +108,11 @@ def test_a_refused_write_writes_nothing_at_all(client: TestClient, tenant: Tenan
     ctx = step_runner.lease_step(task_id, 1)
     assert ctx is not None
     lease = ctx.lease
-    stale = task_store.Lease(**{**lease.__dict__, "epoch": lease.epoch - 1})
+    stale = leases.Lease(**{**lease.__dict__, "epoch": lease.epoch - 1})
     before = (stored_document(task_id), len(events_of(task_id)))
-    done = task_store.terminal_values("succeeded", result={"output": "x"}, steps=1)
+    done = writes.terminal_values("succeeded", result={"output": "x"}, steps=1)
     with pytest.raises(LeaseLost), write_session() as session:
-        task_store.write(
+        writes.write(
             session,
             stale,
             task=ctx.task,
@@ -134,7 +134,7 @@ def test_a_refused_write_writes_nothing_at_all(client: TestClient, tenant: Tenan
             Task.__table__.update().where(Task.id == task_id).values(cancel_requested_at=utcnow())
         )
     with pytest.raises(CancelRequested), write_session() as session:
-        task_store.write(session, lease, task=ctx.task, values=done)
+        writes.write(session, lease, task=ctx.task, values=done)
     after = stored_document(task_id)
     assert after["cancel_requested_at"] is not None  # the client's, left for the worker
     assert after | {"cancel_requested_at": None} == before[0]
@@ -145,8 +145,8 @@ def test_a_statement_compiled_once_returns_what_sqlalchemy_would(
 ) -> None:
     task_id = submit(client, tenant, scripted_task(calculator_script(2), metadata={"k": "v"}))
     with transaction() as session:
-        fast = fetch_one(session, task_store._READ, {"b_task_id": task_id})
-        slow = session.execute(task_store._READ, {"b_task_id": task_id}).one()
+        fast = fetch_one(session, leases.READ_TASK, {"b_task_id": task_id})
+        slow = session.execute(leases.READ_TASK, {"b_task_id": task_id}).one()
     assert fast is not None
     fast_row, slow_row = fast._asdict(), slow._asdict()
     assert abs(fast_row.pop("clock_ms") - slow_row.pop("clock_ms")) < 1000  # two reads of a clock
@@ -158,7 +158,7 @@ def test_only_the_lease_commits_without_waiting_for_its_wal_flush(
 ) -> None:
     """Checkpoints must survive a database crash once committed; a lease need not (lost, it
     was never taken), unless it logs task.started, which readers are woken to at once."""
-    from shared import db
+    from shared.store import db
 
     sent: list[tuple[str, dict[str, Any]]] = []
     db.statement_observers.append(lambda _c, sql, values: sent.append((sql, values)))
@@ -191,7 +191,7 @@ def test_each_delivery_names_the_event_it_carries_whatever_the_event_count(
         [("step.tool_call", {"n": 1}), ("step.completed", {"step": 0})],
     ):
         with write_session() as session:
-            ctx.task = task_store.write(session, ctx.lease, task=ctx.task, events=events).task
+            ctx.task = writes.write(session, ctx.lease, task=ctx.task, events=events).task
     by_seq = {e.seq: e.type for e in events_of(task_id)}
     with transaction() as session:
         rows = session.scalars(

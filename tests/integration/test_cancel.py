@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from shared import task_store
-from shared.db import transaction
 from shared.settings import get_settings
+from shared.store import tasks
+from shared.store.db import transaction
 from tests.conftest import TenantHandle
 from tests.helpers import scripted_task
 from tests.integration.test_durability import submit, task_row
 from workers import step_runner
-from workers.models.scripted import ScriptedProvider
+from workers.providers.scripted import ScriptedProvider
 
 LONG = 60.0
 
@@ -53,7 +53,7 @@ def test_the_heartbeat_wakes_a_step_whose_cancel_was_not_published(
 
     # Flagged in the database only, as when the API's wake-up never reached this worker.
     with transaction() as session:
-        task_store.request_cancel(session, tenant.id, task_id)
+        tasks.request_cancel(session, tenant.id, task_id)
     step.join(timeout=LONG)
 
     stopped_waiting = not step.is_alive() and not release.is_set()

@@ -13,14 +13,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, select
 
-from shared import checkpoints, task_store
-from shared.db import get_engine, transaction, write_session
-from shared.models import Task
+from shared.store import checkpoints, leases
+from shared.store.db import get_engine, transaction, write_session
+from shared.store.tables import Task
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task
 from tests.integration.test_durability import submit, task_row
 from workers import heartbeat, step_runner, tool_runner
-from workers.models.scripted import ScriptedProvider
+from workers.providers.scripted import ScriptedProvider
 
 
 class HeldConnections:
@@ -82,14 +82,14 @@ def test_a_step_holds_no_database_connection_while_its_model_or_tool_works(
     assert held.by_this_thread() == 0
 
 
-def leases(task_ids: list[str], *, ttl_ms: int = 30_000) -> list[task_store.Lease]:
+def take_leases(task_ids: list[str], *, ttl_ms: int = 30_000) -> list[leases.Lease]:
     taken = []
     with write_session() as session:
         for task_id in task_ids:
-            lease = task_store.take_lease(
+            lease = leases.take_lease(
                 session, task_id, owner="test", ttl_ms=ttl_ms, step=1, max_attempts=5
             )
-            assert isinstance(lease, task_store.Lease), lease
+            assert isinstance(lease, leases.Lease), lease
             taken.append(lease)
     return taken
 
@@ -106,7 +106,7 @@ def test_the_heartbeat_extends_every_lease_of_a_process_in_one_statement(
     client: TestClient, tenant: TenantHandle
 ) -> None:
     ids = [submit(client, tenant, scripted_task(calculator_script(2))) for _ in range(40)]
-    held = [replace(lease, ttl_ms=60_000) for lease in leases(ids, ttl_ms=1_000)]
+    held = [replace(lease, ttl_ms=60_000) for lease in take_leases(ids, ttl_ms=1_000)]
     before = expiries(ids)
     statements: list[str] = []
 
@@ -130,13 +130,13 @@ def test_the_heartbeat_drops_a_lease_that_was_lost_and_keeps_the_rest(
     client: TestClient, tenant: TenantHandle
 ) -> None:
     ids = [submit(client, tenant, scripted_task(calculator_script(2))) for _ in range(3)]
-    old = leases(ids)
+    old = take_leases(ids)
     with transaction() as session:  # the first task's lease ran out …
         session.get(Task, ids[0]).lease_expires_ms = 0  # type: ignore[union-attr]
-    (newer,) = leases(ids[:1])  # … and another worker took it: a new epoch
+    (newer,) = take_leases(ids[:1])  # … and another worker took it: a new epoch
 
     with write_session() as session:
-        extended = task_store.extend_leases(session, [*old, newer], ttl_ms=60_000)
+        extended = leases.extend_leases(session, [*old, newer], ttl_ms=60_000)
 
     held = {(newer.task_id, newer.epoch), *((x.task_id, x.epoch) for x in old[1:])}
     assert extended == dict.fromkeys(held, False)  # and no cancel was requested
@@ -179,7 +179,7 @@ def test_a_step_past_its_time_limit_is_no_longer_kept_alive(
 ) -> None:
     # The process's heartbeat thread may tick meanwhile: it must not extend them either.
     monkeypatch.setattr(heartbeat, "extend", lambda leases: None)
-    stuck, running = leases(
+    stuck, running = take_leases(
         [submit(client, tenant, scripted_task(calculator_script(2))) for _ in range(2)]
     )
     with heartbeat.kept(stuck), heartbeat.kept(running):
@@ -208,7 +208,7 @@ def test_steps_that_go_on_in_place_read_nothing_and_see_the_same_chat(
     read_from: list[str] = []
     leases_taken: list[str] = []
     complete, load_history = ScriptedProvider.complete, checkpoints.load_history
-    take_lease = task_store.take_lease
+    take_lease = leases.take_lease
 
     def leasing(session: Any, task_id: str, **kwargs: Any) -> Any:
         leases_taken.append(task_id)
@@ -224,7 +224,7 @@ def test_steps_that_go_on_in_place_read_nothing_and_see_the_same_chat(
 
     monkeypatch.setattr(ScriptedProvider, "complete", recording)
     monkeypatch.setattr(checkpoints, "load_history", reading)
-    monkeypatch.setattr(task_store, "take_lease", leasing)
+    monkeypatch.setattr(leases, "take_lease", leasing)
     body = scripted_task(calculator_script(6), tools=["calculator"])
     rebuilt, carried = submit(client, tenant, body), submit(client, tenant, body)
 

@@ -18,15 +18,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from shared import task_store
-from shared.db import transaction, write_session
 from shared.errors import LeaseLost
 from shared.failpoints import InjectedFault
-from shared.models import Step, Task, TaskEvent, ToolCall
+from shared.store import leases, tasks, writes
+from shared.store.db import transaction, write_session
+from shared.store.tables import Step, Task, TaskEvent, ToolCall
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task, tool_turn
 from workers import step_runner
-from workers.models.scripted import ScriptedProvider
+from workers.providers.scripted import ScriptedProvider
 
 
 @pytest.fixture
@@ -224,16 +224,16 @@ def test_a_worker_that_lost_its_lease_writes_nothing(
 ) -> None:
     task_id = submit(client, tenant, scripted_task(calculator_script(2)))
     with transaction() as session:
-        old = task_store.take_lease(
+        old = leases.take_lease(
             session, task_id, owner="old", ttl_ms=30_000, step=1, max_attempts=5
         )
-    assert isinstance(old, task_store.Lease)
+    assert isinstance(old, leases.Lease)
     expire_lease(task_id)  # the old worker stalls past its lease …
     with transaction() as session:
-        new = task_store.take_lease(
+        new = leases.take_lease(
             session, task_id, owner="new", ttl_ms=30_000, step=1, max_attempts=5
         )
-    assert isinstance(new, task_store.Lease)
+    assert isinstance(new, leases.Lease)
     assert new.epoch == old.epoch + 1
 
     with transaction() as session:
@@ -400,7 +400,7 @@ def test_sweeper_re_enqueues_a_task_whose_message_was_lost(
     assert due is not None
     assert due > 1
     with transaction() as session:
-        assert task_id not in [t for t, _ in task_store.due_for_sweep(session, grace_ms=30_000)]
+        assert task_id not in [t for t, _ in tasks.due_for_sweep(session, grace_ms=30_000)]
 
 
 def test_a_non_idempotent_call_that_overruns_its_limit_is_an_unknown_outcome(
@@ -434,24 +434,24 @@ def test_a_write_between_the_lease_read_and_its_update_refuses_the_lease(
     old = step_runner.lease_step(task_id, 1)
     assert old is not None
     expire_lease(task_id)
-    real_fetch = task_store.fetch_one
+    real_fetch = leases.fetch_one
     done: list[bool] = []
 
     def read_then_zombie_writes(session: Any, statement: Any, params: dict[str, Any]) -> Any:
         row = real_fetch(session, statement, params)
-        if statement is task_store._READ and not done:
+        if statement is leases.READ_TASK and not done:
             done.append(True)
-            values = task_store.release_values(old.lease, delay_ms=0, model_failures=3)
+            values = writes.release_values(old.lease, delay_ms=0, model_failures=3)
             with write_session() as other:
-                task_store.write(other, old.lease, task=old.task, values=values)
+                writes.write(other, old.lease, task=old.task, values=values)
         return row
 
-    monkeypatch.setattr(task_store, "fetch_one", read_then_zombie_writes)
+    monkeypatch.setattr(leases, "fetch_one", read_then_zombie_writes)
     with write_session() as session:
-        refused = task_store.take_lease(
+        refused = leases.take_lease(
             session, task_id, owner="new", ttl_ms=30_000, step=1, max_attempts=5
         )
-    assert isinstance(refused, task_store.LeaseRefused)
+    assert isinstance(refused, leases.LeaseRefused)
     assert task_row(task_id).model_failures == 3
     assert task_row(task_id).lease_owner is None
 
@@ -466,19 +466,19 @@ def test_a_worker_of_an_old_lease_cannot_write_after_a_poison_fail_and_a_retry(
     with transaction() as session:
         session.execute(update(Task).where(Task.id == task_id).values(attempt=5))
     with write_session() as session:
-        refused = task_store.take_lease(
+        refused = leases.take_lease(
             session, task_id, owner="next", ttl_ms=30_000, step=1, max_attempts=5
         )
-    assert isinstance(refused, task_store.LeaseRefused)
+    assert isinstance(refused, leases.LeaseRefused)
     assert task_row(task_id).status == "failed"
     [*_, failed] = events(task_id)
     assert failed == "task.failed"
     retried = client.post(f"/v1/tasks/{task_id}/retry", headers=tenant.headers)
     assert retried.status_code == 202, retried.text
 
-    done = task_store.terminal_values("succeeded", result={"output": "stale"}, steps=1)
+    done = writes.terminal_values("succeeded", result={"output": "stale"}, steps=1)
     with pytest.raises(LeaseLost), write_session() as session:
-        task_store.write(session, zombie.lease, task=zombie.task, values=done)
+        writes.write(session, zombie.lease, task=zombie.task, values=done)
     assert task_row(task_id).status == "queued"
 
 

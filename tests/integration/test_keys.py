@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select, update
 
 from api.deps import verified_keys
-from shared.db import get_engine, transaction
-from shared.models import ApiKey
+from shared.store.db import get_engine, transaction
+from shared.store.tables import ApiKey
 from tests.conftest import TenantHandle
 from tests.integration.test_api import assert_problem, task_count
 
@@ -285,7 +285,7 @@ def tenant_limits(
     monkeypatch: pytest.MonkeyPatch, make_tenant: Callable[..., TenantHandle]
 ) -> Iterator[tuple[TenantHandle, TenantHandle]]:
     """Two admin tenants, each with rate limits of its own."""
-    from shared.limits import _load
+    from shared.ratelimit.limits import _load
     from shared.settings import get_settings
 
     alice, bob = make_tenant(("admin",)), make_tenant(("admin",))

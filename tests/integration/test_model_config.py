@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from shared.db import transaction
-from shared.models import Task
 from shared.settings import get_settings
+from shared.store.db import transaction
+from shared.store.tables import Task
 from tests.conftest import TenantHandle
 from tests.helpers import scripted_task
 from tests.integration.test_api import assert_problem, task_count

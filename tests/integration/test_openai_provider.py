@@ -28,7 +28,7 @@ Configure = Callable[..., None]
 
 def _fresh_settings() -> None:
     from shared.settings import get_settings
-    from workers.models import _provider
+    from workers.providers import _provider
 
     get_settings.cache_clear()
     _provider.cache_clear()  # the provider holds a client built from the old settings
@@ -85,7 +85,7 @@ def _steps(client: TestClient, tenant: TenantHandle, task_id: str) -> list[dict[
 def test_a_tool_call_round_trips_through_the_provider(
     fake: OpenAIServer, client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
 ) -> None:
-    from shared.registry import get_registry
+    from shared.agents.registry import get_registry
 
     fake.reply(
         tool_call(

@@ -98,7 +98,7 @@ def test_every_operation_passes_every_check(
     drive: Callable[..., str],
 ) -> None:
     from api.main import create_app
-    from shared.tenants import ADMIN, TENANT_SCOPES
+    from shared.store.tenants import ADMIN, TENANT_SCOPES
 
     tenant = make_tenant((*TENANT_SCOPES, ADMIN))
     app = create_app()

@@ -14,7 +14,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from shared.rate_limiter import Bucket, LimiterUnavailable, LocalLimiter, RedisLimiter, Take
+from shared.ratelimit.limiter import Bucket, LimiterUnavailable, LocalLimiter, RedisLimiter, Take
 from tests.conftest import REDIS_URL, TenantHandle
 from tests.helpers import scripted_task
 
@@ -154,7 +154,7 @@ def test_local_limiter_has_the_same_semantics() -> None:
 
 @pytest.fixture
 def rate_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
-    from shared.limits import _load
+    from shared.ratelimit.limits import _load
     from shared.settings import get_settings
 
     def configure(json_limits: str) -> None:
@@ -264,7 +264,7 @@ def test_admin_view_of_the_buckets(
 
 
 def test_429s_halve_a_models_share_down_to_a_floor_and_it_creeps_back() -> None:
-    from shared.rate_limiter import FACTOR_PREFIX, FLOOR
+    from shared.ratelimit.limiter import FACTOR_PREFIX, FLOOR
 
     client = redis.Redis.from_url(REDIS_URL)
     limiter = RedisLimiter(client)
@@ -286,7 +286,7 @@ def test_429s_halve_a_models_share_down_to_a_floor_and_it_creeps_back() -> None:
 def test_adaptive_limits_scale_the_models_buckets_only_when_on(
     rate_limits: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shared import limits
+    from shared.ratelimit import limits
     from shared.settings import get_settings
 
     model = f"test:{uuid.uuid4().hex[:8]}"

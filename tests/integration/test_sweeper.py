@@ -14,11 +14,11 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from shared import outbox
-from shared.db import transaction
-from shared.models import Task, WebhookDelivery
 from shared.queue import get_celery, webhook_queue
 from shared.settings import get_settings
+from shared.store import outbox
+from shared.store.db import transaction
+from shared.store.tables import Task, WebhookDelivery
 from tests.conftest import REDIS_URL, TenantHandle
 from tests.fakes.receiver import WebhookReceiver
 from tests.helpers import calculator_script, scripted_task

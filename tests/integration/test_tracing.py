@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from shared import tracing
+from shared.observability import tracing
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task
 

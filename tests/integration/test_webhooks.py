@@ -28,11 +28,12 @@ from sqlalchemy import func, select, update
 from standardwebhooks.webhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError as ReferenceVerificationError
 
-from shared import outbox, webhook_secrets
-from shared.db import transaction
-from shared.models import Task, TaskEvent, WebhookDelivery, WebhookEndpoint
 from shared.settings import get_settings
-from shared.signing import signature
+from shared.store import outbox
+from shared.store.db import transaction
+from shared.store.tables import Task, TaskEvent, WebhookDelivery, WebhookEndpoint
+from shared.webhooks import secrets as webhook_secrets
+from shared.webhooks.signing import signature
 from tests.conftest import TenantHandle
 from tests.fakes.receiver import Received, WebhookReceiver
 from tests.helpers import calculator_script, scripted_task

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from sqlalchemy.dialects import postgresql
 
-from shared import batch, task_store
-from shared.batch import Batch
-from shared.checkpoints import completion
-from shared.models import utcnow
+from shared.store import batch, fenced, leases, writes
+from shared.store.batch import Batch
+from shared.store.checkpoints import completion
+from shared.store.tables import utcnow
 
-LEASE = task_store.Lease(task_id="t", epoch=2, owner="w", step=1, attempt=1, ttl_ms=30_000)
+LEASE = leases.Lease(task_id="t", epoch=2, owner="w", step=1, attempt=1, ttl_ms=30_000)
 
 
 def compiled(of: Batch) -> str:
@@ -17,10 +17,10 @@ def compiled(of: Batch) -> str:
 
 
 def write_batch(**values: object) -> Batch:
-    changes = {"lease_expires_ms": task_store.FromNow(1), **values}
-    shape = task_store._shape(changes)
+    changes = {"lease_expires_ms": fenced.FromNow(1), **values}
+    shape = fenced.shape_of(changes)
     return Batch(
-        fence=task_store._write_statement(shape, honour_cancel=True),
+        fence=writes._write_statement(shape, honour_cancel=True),
         key=("write", shape, True),
         params={},
         events=[("step.completed", {"step": 1})],

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.egress import check_url, host_allowed, warn_if_open
 from shared.errors import EgressDenied
 from shared.settings import Settings
+from shared.webhooks.egress import check_url, host_allowed, warn_if_open
 
 
 @pytest.mark.parametrize(

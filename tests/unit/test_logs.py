@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import logs
+from shared.observability import logs
 
 
 def record(message: str = "hello %s", *args: object, **extra: object) -> logging.LogRecord:
@@ -86,12 +86,12 @@ def test_configuring_again_replaces_only_its_own_handler(
 def test_checking_the_schema_logs_nothing_at_info(tmp_path: Path) -> None:
     """A fresh process (alembic says hello once per process) that checks a migrated schema
     at INFO, as every API and worker process does at start, prints no alembic lines."""
-    from shared.db import migrate
+    from shared.store.db import migrate
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     migrate(url)
     code = (
-        "from shared import logs; from shared.db import require_migrated; "
+        "from shared.observability import logs; from shared.store.db import require_migrated; "
         "from sqlalchemy import create_engine; "
         "logs.configure(log_format='text', level='INFO'); "
         f"require_migrated(create_engine({url!r}))"

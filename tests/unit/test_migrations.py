@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from shared.db import migrate, require_migrated
 from shared.errors import DatabaseNotMigrated
+from shared.store.db import migrate, require_migrated
 
 
 def test_sqlite_migrates_and_unmigrated_is_refused(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from shared.errors import InvalidRequest, ModelRateLimited, ModelTransientError
 from shared.providers import parse_model
-from workers.models.base import ModelRequest, parse_arguments, parse_retry_after
-from workers.models.scripted import ScriptedProvider
+from workers.providers.base import ModelRequest, parse_arguments, parse_retry_after
+from workers.providers.scripted import ScriptedProvider
 
 
 def request(

@@ -16,7 +16,7 @@ from standardwebhooks.webhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError as ReferenceVerificationError
 
 from ratchet.client import WebhookVerificationError, verify_webhook
-from shared.signing import new_secret, sign, signature, verify
+from shared.webhooks.signing import new_secret, sign, signature, verify
 
 BODY = json.dumps(
     {"type": "task.succeeded", "timestamp": "2025-01-01T00:00:00+00:00", "data": {"id": "t1"}},

@@ -16,9 +16,9 @@ from tests.helpers import calculator_script
 
 @pytest.fixture
 def sqlite_env(tmp_path: Path) -> Iterator[None]:
-    from shared.db import migrate, reset_engines
     from shared.queue import get_celery
     from shared.settings import get_settings
+    from shared.store.db import migrate, reset_engines
 
     env = {
         "RATCHET_DATABASE_URL": f"sqlite:///{tmp_path / 'ratchet.db'}",
@@ -42,9 +42,9 @@ def sqlite_env(tmp_path: Path) -> Iterator[None]:
 
 
 def new_task(steps: int) -> str:
-    from shared.db import transaction
-    from shared.task_store import NewTask, create_task
-    from shared.tenants import create_tenant
+    from shared.store.db import transaction
+    from shared.store.tasks import NewTask, create_task
+    from shared.store.tenants import create_tenant
 
     with transaction() as session:
         tenant = create_tenant(session, "sqlite-steps")
@@ -65,8 +65,8 @@ def new_task(steps: int) -> str:
 
 @pytest.mark.usefixtures("sqlite_env")
 def test_a_task_runs_to_the_end_with_every_row_and_event() -> None:
-    from shared.db import transaction
-    from shared.models import Step, Task, TaskEvent, ToolCall
+    from shared.store.db import transaction
+    from shared.store.tables import Step, Task, TaskEvent, ToolCall
     from shared.views import task_document
     from workers.step_runner import advance
 
@@ -95,18 +95,18 @@ def test_a_task_runs_to_the_end_with_every_row_and_event() -> None:
 
 @pytest.mark.usefixtures("sqlite_env")
 def test_a_stale_lease_writes_nothing() -> None:
-    from shared import task_store
-    from shared.db import transaction, write_session
     from shared.errors import LeaseLost
-    from shared.models import Task, TaskEvent
+    from shared.store import leases, writes
+    from shared.store.db import transaction, write_session
+    from shared.store.tables import Task, TaskEvent
     from workers.step_runner import lease_step
 
     task_id = new_task(2)
     ctx = lease_step(task_id, 1)
     assert ctx is not None
-    stale = task_store.Lease(**{**ctx.lease.__dict__, "epoch": ctx.lease.epoch - 1})
+    stale = leases.Lease(**{**ctx.lease.__dict__, "epoch": ctx.lease.epoch - 1})
     with pytest.raises(LeaseLost), write_session() as session:
-        task_store.write(
+        writes.write(
             session, stale, task=ctx.task, values={"steps": 1}, events=[("step.completed", {})]
         )
     with transaction() as session:

@@ -10,7 +10,7 @@ import pytest
 
 from shared.settings import get_settings
 from workers import tokens
-from workers.models.base import ModelRequest, ToolSchema
+from workers.providers.base import ModelRequest, ToolSchema
 
 
 @pytest.fixture(autouse=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.builtin_tools import calculator, current_time
+from shared.agents.builtin_tools import calculator, current_time
+from shared.agents.registry import ToolContext, get_tool, load
 from shared.errors import ToolArgumentsInvalid, ToolError
-from shared.registry import ToolContext, get_tool, load
 from workers import tool_runner
 
 CONTEXT = ToolContext(task_id="t", tenant_id="x", call_id="1-0", idempotency_key="t:1-0")

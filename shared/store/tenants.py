@@ -17,10 +17,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from shared import webhook_secrets
 from shared.errors import Conflict, InvalidRequest, KeyRejected, NotFound
 from shared.ids import hash_secret, new_api_key, new_id
-from shared.models import ApiKey, Tenant, utcnow
+from shared.store.tables import ApiKey, Tenant, utcnow
+from shared.webhooks import secrets as webhook_secrets
 
 OPERATOR = "operator"
 ADMIN = "admin"

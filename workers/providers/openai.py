@@ -15,7 +15,7 @@ import openai
 
 from shared.errors import ModelPermanentError
 from shared.settings import get_settings
-from workers.models.base import (
+from workers.providers.base import (
     Message,
     ModelRequest,
     ModelResponse,

@@ -243,7 +243,7 @@ def transaction() -> Iterator[Session]:
 
 @contextmanager
 def write_session(*, heartbeat: bool = False) -> Iterator[Session]:
-    """A session for writes that are each one atomic statement (see shared.batch).
+    """A session for writes that are each one atomic statement (see shared.store.batch).
 
     On PostgreSQL it runs in autocommit: each statement commits on its own, which saves the
     round trips of BEGIN and COMMIT. Elsewhere it is an ordinary transaction, committed at

@@ -13,9 +13,9 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
-from shared.batch import Add, Change, Increment
-from shared.models import ToolCall, utcnow
-from shared.task_store import Lease
+from shared.store.batch import Add, Change, Increment
+from shared.store.leases import Lease
+from shared.store.tables import ToolCall, utcnow
 
 _CALLS = cast(Table, ToolCall.__table__)
 STARTED = "started"

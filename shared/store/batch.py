@@ -43,9 +43,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import bindparam
 
-from shared import db, outbox
-from shared.db import now_ms
-from shared.models import TaskEvent, WebhookDelivery
+from shared.store import db, outbox
+from shared.store.db import now_ms
+from shared.store.tables import TaskEvent, WebhookDelivery
 
 _EVENTS = cast(Table, TaskEvent.__table__)
 _DELIVERIES = cast(Table, WebhookDelivery.__table__)

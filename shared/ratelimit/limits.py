@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.rate_limiter import Bucket, LimiterUnavailable, Take, get_limiter
+from shared.ratelimit.limiter import Bucket, LimiterUnavailable, Take, get_limiter
 from shared.settings import get_settings
 
 

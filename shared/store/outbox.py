@@ -18,10 +18,10 @@ from typing import Any, cast
 from sqlalchemy import BigInteger, ColumnElement, Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from shared.db import now_ms
 from shared.errors import NotFound
 from shared.ids import new_id
-from shared.models import Task, WebhookAttempt, WebhookDelivery, WebhookEndpoint, utcnow
+from shared.store.db import now_ms
+from shared.store.tables import Task, WebhookAttempt, WebhookDelivery, WebhookEndpoint, utcnow
 from shared.views import TaskState
 
 PENDING, SENDING, DELIVERED, FAILED, DISABLED = (

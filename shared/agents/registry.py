@@ -177,7 +177,7 @@ def register_agent(agent: Agent) -> Agent:
 def load(modules: Iterable[str] = ()) -> Registry:
     """Import the built-in tools and agents and every extra module, once each."""
     with _lock:
-        for module in ("shared.builtin_tools", *modules):
+        for module in ("shared.agents.builtin_tools", *modules):
             if module not in _loaded:
                 importlib.import_module(module)
                 _loaded.add(module)

@@ -8,7 +8,7 @@ from typing import Any
 import anthropic
 
 from shared.settings import get_settings
-from workers.models.base import (
+from workers.providers.base import (
     Message,
     ModelRequest,
     ModelResponse,

@@ -13,7 +13,7 @@ import time
 from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
 from shared.providers import Script, ScriptTurn
 from shared.settings import get_settings
-from workers.models.base import ModelRequest, ModelResponse, ToolCallRequest, estimate_tokens
+from workers.providers.base import ModelRequest, ModelResponse, ToolCallRequest, estimate_tokens
 
 
 class ScriptedProvider:

@@ -12,10 +12,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import httpx
 from pydantic import Field
 
-from shared.egress import check_url, pinned_request
+from shared.agents.registry import Agent, ToolContext, register_agent, tool
 from shared.errors import ToolError
-from shared.registry import Agent, ToolContext, register_agent, tool
 from shared.settings import get_settings
+from shared.webhooks.egress import check_url, pinned_request
 
 _BINARY: dict[type[ast.operator], Any] = {
     ast.Add: operator.add,

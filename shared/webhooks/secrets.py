@@ -12,8 +12,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from shared.ids import new_id
-from shared.models import WebhookSecret, utcnow
-from shared.signing import new_secret
+from shared.store.tables import WebhookSecret, utcnow
+from shared.webhooks.signing import new_secret
 
 
 def create(session: Session, tenant_id: str) -> str:

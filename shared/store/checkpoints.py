@@ -15,9 +15,9 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
-from shared.batch import Add, Change
-from shared.models import Step, ToolCall, utcnow
-from shared.task_store import Lease
+from shared.store.batch import Add, Change
+from shared.store.leases import Lease
+from shared.store.tables import Step, ToolCall, utcnow
 
 _STEPS = cast(Table, Step.__table__)
 MODEL_RESPONDED = "model_responded"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 from shared.providers import parse_model
-from workers.models.base import ModelRequest, ModelResponse, Provider, ToolCallRequest
+from workers.providers.base import ModelRequest, ModelResponse, Provider, ToolCallRequest
 
 __all__ = ["ModelRequest", "ModelResponse", "Provider", "ToolCallRequest", "get_provider"]
 
@@ -13,14 +13,14 @@ __all__ = ["ModelRequest", "ModelResponse", "Provider", "ToolCallRequest", "get_
 @cache
 def _provider(name: str) -> Provider:
     if name == "scripted":
-        from workers.models.scripted import ScriptedProvider
+        from workers.providers.scripted import ScriptedProvider
 
         return ScriptedProvider()
     if name == "openai":
-        from workers.models.openai import OpenAIProvider
+        from workers.providers.openai import OpenAIProvider
 
         return OpenAIProvider()
-    from workers.models.anthropic import AnthropicProvider
+    from workers.providers.anthropic import AnthropicProvider
 
     return AnthropicProvider()
 

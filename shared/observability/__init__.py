@@ -1,0 +1,1 @@
+"""What operators watch: structured logs, Prometheus metrics and OpenTelemetry traces."""

@@ -1,0 +1,242 @@
+"""Tasks outside a step: creation, lookup and listing, cancel and retry requests, and the
+sweeper's queries for tasks whose message was lost."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, select, update
+from sqlalchemy.orm import Session
+
+from shared.errors import Conflict, NotFound
+from shared.ids import new_id
+from shared.observability import metrics
+from shared.store import outbox
+from shared.store.db import now_ms
+from shared.store.events import insert_events
+from shared.store.tables import Task, TaskStatus, utcnow
+from shared.store.writes import CANCELLED_ERROR, terminal_values
+from shared.views import task_document
+
+
+@dataclass(frozen=True)
+class NewTask:
+    agent: str
+    model: str
+    input: Any
+    instructions: str | None
+    tools: list[str]
+    model_options: dict[str, Any]
+    max_steps: int
+    budget: dict[str, Any] | None
+    webhook: dict[str, Any] | None
+    metadata: dict[str, Any]
+    deadline_seconds: float | None = None
+
+
+def create_task(
+    session: Session,
+    tenant_id: str,
+    spec: NewTask,
+    *,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+    deliveries: list[str] | None = None,
+) -> Task:
+    task = Task(
+        id=new_id(),
+        tenant_id=tenant_id,
+        agent=spec.agent,
+        model=spec.model,
+        status=TaskStatus.QUEUED,
+        input=spec.input,
+        instructions=spec.instructions,
+        tools=spec.tools,
+        model_options=spec.model_options,
+        max_steps=spec.max_steps,
+        budget=spec.budget,
+        webhook=spec.webhook,
+        meta=spec.metadata,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        due_ms=now_ms(),
+        deadline_ms=now_ms() + int(spec.deadline_seconds * 1000) if spec.deadline_seconds else None,
+        last_event_seq=1,  # task.queued, logged below
+    )
+    session.add(task)
+    session.flush()  # the row first: the event references it
+    _insert_logged(session, task, "task.queued", deliveries)
+    return task
+
+
+def _log_event(session: Session, task: Task, type_: str, deliveries: list[str] | None) -> None:
+    """Append one event outside a step (its seq reserved here), with its webhooks."""
+    task.last_event_seq += 1
+    session.flush()
+    _insert_logged(session, task, type_, deliveries)
+
+
+def _insert_logged(session: Session, task: Task, type_: str, deliveries: list[str] | None) -> None:
+    """Insert the event whose seq the task row reserved last, with its webhooks."""
+    queued = insert_events(
+        session,
+        [(type_, task_document)],
+        task=task,
+        subscriptions=outbox.subscriptions_for(session, task),
+    )
+    if deliveries is not None:
+        deliveries.extend(queued)
+
+
+def find_by_idempotency_key(session: Session, tenant_id: str, key: str) -> Task | None:
+    return session.scalar(
+        select(Task).where(Task.tenant_id == tenant_id, Task.idempotency_key == key)
+    )
+
+
+def get_task(session: Session, tenant_id: str, task_id: str) -> Task:
+    """The tenant's task. Another tenant's task is indistinguishable from a missing one."""
+    task = session.scalar(select(Task).where(Task.id == task_id, Task.tenant_id == tenant_id))
+    if task is None:
+        raise NotFound(f"no task {task_id}")
+    return task
+
+
+def list_tasks(
+    session: Session,
+    tenant_id: str,
+    *,
+    status: str | None = None,
+    agent: str | None = None,
+    limit: int = 50,
+    after_id: str | None = None,
+) -> tuple[Sequence[Task], str | None]:
+    """A page of the tenant's tasks, newest first, and the id to continue after (or None)."""
+    query = select(Task).where(Task.tenant_id == tenant_id)
+    if status:
+        query = query.where(Task.status == status)
+    if agent:
+        query = query.where(Task.agent == agent)
+    if after_id:
+        query = query.where(Task.id < after_id)
+    rows = session.scalars(query.order_by(Task.id.desc()).limit(limit + 1)).all()
+    more = len(rows) > limit
+    return rows[:limit], (rows[limit - 1].id if more else None)
+
+
+def request_cancel(
+    session: Session, tenant_id: str, task_id: str, *, deliveries: list[str] | None = None
+) -> Task:
+    """Cancel now if no worker holds the task; otherwise flag it for the next commit point."""
+    task = get_task(session, tenant_id, task_id)
+    if task.status in TaskStatus.TERMINAL:
+        raise Conflict(f"task {task_id} is already {task.status}")
+    clock = session.scalar(select(now_ms()))
+    assert clock is not None
+    idle = task.lease_expires_ms is None or task.lease_expires_ms <= clock
+    if idle:
+        done = session.execute(
+            update(Task)
+            .where(Task.id == task_id, Task.lease_epoch == task.lease_epoch)
+            .where(Task.status.not_in(TaskStatus.TERMINAL))
+            # the epoch moves on: a worker of an old lease that wakes up cannot write
+            .values(
+                {
+                    **terminal_values(TaskStatus.CANCELLED, error=CANCELLED_ERROR),
+                    "lease_epoch": Task.lease_epoch + 1,
+                }
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if done.rowcount == 1:  # type: ignore[attr-defined]
+            metrics.tasks_finished.labels(status=TaskStatus.CANCELLED).inc()
+            session.refresh(task)
+            _log_event(session, task, "task.cancelled", deliveries)
+            return task
+    session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.status.not_in(TaskStatus.TERMINAL))
+        .values(cancel_requested_at=utcnow(), updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(task)
+    return task
+
+
+def requeue_failed(
+    session: Session, tenant_id: str, task_id: str, *, deliveries: list[str] | None = None
+) -> Task:
+    """``failed → queued``: the task resumes from its last committed step."""
+    task = get_task(session, tenant_id, task_id)
+    done = session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.status == TaskStatus.FAILED)
+        .values(
+            lease_epoch=Task.lease_epoch + 1,  # a worker of an old lease cannot write any more
+            status=TaskStatus.QUEUED,
+            error=None,
+            finished_at=None,
+            attempt=0,
+            model_failures=0,
+            due_ms=now_ms(),
+            updated_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if done.rowcount != 1:  # type: ignore[attr-defined]
+        raise Conflict(f"only a failed task can be retried; task {task_id} is {task.status}")
+    session.refresh(task)
+    _log_event(session, task, "task.queued", deliveries)
+    return task
+
+
+def _overdue(
+    clock: ColumnElement[int], *, grace_ms: int, sent_before_ms: int | None
+) -> ColumnElement[bool]:
+    """Runnable, no live lease, and its next step overdue: the step's message was lost. A
+    task due since ``sent_before_ms`` (when the oldest message still waiting in the queue was
+    sent, see the sweeper) is only behind a backlog: its message is still to come."""
+    overdue = (
+        Task.status.in_(TaskStatus.RUNNABLE)
+        & (Task.due_ms < clock - grace_ms)
+        & (Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms < clock))
+    )
+    if sent_before_ms is not None:
+        overdue &= Task.due_ms < sent_before_ms
+    return overdue
+
+
+def due_for_sweep(
+    session: Session, *, grace_ms: int, sent_before_ms: int | None = None, limit: int = 500
+) -> Sequence[tuple[str, int]]:
+    """Runnable tasks with no live lease whose next step is overdue: their message was lost."""
+    rows = session.execute(
+        select(Task.id, Task.steps)
+        .where(_overdue(now_ms(), grace_ms=grace_ms, sent_before_ms=sent_before_ms))
+        .order_by(Task.due_ms)
+        .limit(limit)
+    ).all()
+    return [(row.id, row.steps + 1) for row in rows]
+
+
+def mark_redispatched(
+    session: Session, task_ids: Sequence[str], *, grace_ms: int, sent_before_ms: int | None = None
+) -> list[tuple[str, int]]:
+    """Claim the overdue ones among ``task_ids`` for a new message (their due time moves to
+    now), in one statement; returns (task, step) for each, for the caller to send. A task
+    another sweeper claimed meanwhile is no longer overdue, so it gets one message."""
+    if not task_ids:
+        return []
+    rows = session.execute(
+        update(Task)
+        .where(
+            Task.id.in_(task_ids),
+            _overdue(now_ms(), grace_ms=grace_ms, sent_before_ms=sent_before_ms),
+        )
+        .values(due_ms=now_ms())
+        .returning(Task.id, Task.steps)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return [(row.id, row.steps + 1) for row in rows]

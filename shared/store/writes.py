@@ -1,0 +1,208 @@
+"""The one fenced write of a step, and the values a step's outcomes write with it.
+
+Only a holder of the task's current lease epoch can write: every write is an UPDATE of the task
+row conditional on that epoch, carrying the step's checkpoint and ledger rows, its events and
+their webhook deliveries, all or nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from sqlalchemy import ColumnElement, Update, bindparam, select, update
+from sqlalchemy.orm import Session
+
+from shared.errors import CancelRequested, LeaseLost
+from shared.observability import metrics
+from shared.store import batch
+from shared.store.batch import Batch, Increment, Part
+from shared.store.db import now_ms
+from shared.store.fenced import (
+    TASKS,
+    EventSpec,
+    FromNow,
+    assignments,
+    log_in_batch,
+    params_of,
+    predict,
+    runnable,
+    settle,
+    shape_of,
+)
+from shared.store.tables import Task, TaskStatus, utcnow
+from shared.views import TaskState
+
+if TYPE_CHECKING:
+    from shared.store.leases import Lease
+
+CANCELLED_ERROR = {"type": "cancelled", "message": "cancelled at the client's request"}
+
+
+@lru_cache(maxsize=128)
+def _write_statement(shape: tuple[tuple[str, str], ...], *, honour_cancel: bool) -> Update:
+    """The fenced UPDATE for one shape of write, built once and reused with new parameters:
+    every write of a step runs one, so building and keying it each time would dominate."""
+    c = TASKS.c
+    condition = (c.id == bindparam("b_task_id")) & (c.lease_epoch == bindparam("b_epoch"))
+    condition &= runnable(c.status)
+    if honour_cancel:
+        condition &= c.cancel_requested_at.is_(None)
+    return (
+        update(TASKS)
+        .where(condition)
+        .values(assignments(shape))
+        .returning(c.id, c.last_event_seq, now_ms().label("clock_ms"))
+    )
+
+
+@dataclass(frozen=True)
+class Written:
+    """A fenced write that happened: the task row as it left it, and the webhook deliveries
+    its events queued (to be sent once it commits)."""
+
+    task: TaskState
+    deliveries: list[str]
+
+
+def write(
+    session: Session,
+    lease: Lease,
+    *,
+    task: TaskState,
+    values: dict[str, Any] | None = None,
+    events: Sequence[EventSpec] = (),
+    parts: Sequence[Part] = (),
+    honour_cancel: bool = True,
+) -> Written:
+    """The one fenced write of a step: check the lease, extend it, apply ``values``, log
+    ``events``, and write ``parts`` (checkpoint and ledger rows) — all or nothing.
+
+    The fence is an UPDATE of the task row conditional on the lease epoch: only a holder of
+    the current epoch can write, and a competing lease-taker waits on its row lock and then
+    sees the bumped epoch. On PostgreSQL the whole write is one statement (see shared.store.batch).
+    ``task`` is the row as this lease holder last left it. Raises LeaseLost if the epoch
+    moved on, CancelRequested if the client asked to cancel (unless ``honour_cancel`` is False).
+    """
+    now = utcnow()
+    changes: dict[str, Any] = {
+        "lease_expires_ms": FromNow(lease.ttl_ms),
+        "updated_at": now,
+        "last_event_seq": Increment(len(events)),
+        **(values or {}),
+    }
+    shape = shape_of(changes)
+    fenced = Batch(
+        fence=_write_statement(shape, honour_cancel=honour_cancel),
+        key=("write", shape, honour_cancel),
+        params=params_of(changes) | {"b_task_id": lease.task_id, "b_epoch": lease.epoch},
+        parts=list(parts),
+        now=now,
+    )
+    after = predict(task, changes)
+    if events:
+        log_in_batch(session, fenced, events, task=after)
+    row = batch.run(session, fenced)
+    if row is None:
+        _refuse(session, lease)
+    settle(after, row)
+    if after.status in TaskStatus.TERMINAL:
+        metrics.tasks_finished.labels(status=after.status).inc()
+    return Written(after, [d["id"] for d in fenced.deliveries])
+
+
+def _refuse(session: Session, lease: Lease) -> NoReturn:
+    """Why a fenced write matched nothing: a requested cancel, else a lost lease."""
+    cancel = session.scalar(select(Task.cancel_requested_at).where(_held(lease)))
+    if cancel is not None:
+        raise CancelRequested(f"task {lease.task_id}: cancellation requested")
+    raise LeaseLost(f"task {lease.task_id}: lease epoch {lease.epoch} is no longer current")
+
+
+def _held(lease: Lease) -> ColumnElement[bool]:
+    return (
+        (Task.id == lease.task_id)
+        & (Task.lease_epoch == lease.epoch)
+        & Task.status.in_(TaskStatus.RUNNABLE)
+    )
+
+
+def usage_values(*, input_tokens: int, output_tokens: int, cost_usd: float) -> dict[str, Any]:
+    return {
+        "input_tokens": Increment(input_tokens),
+        "output_tokens": Increment(output_tokens),
+        "cost_usd": Increment(cost_usd),
+    }
+
+
+def progress_values(lease: Lease, *, next_owner: str | None = None) -> dict[str, Any]:
+    """``lease.step`` is done: free the task for the next step's message, or, with
+    ``next_owner``, lease the next step to it in the same write (see :func:`next_lease`)."""
+    values: dict[str, Any] = {
+        "steps": lease.step,
+        "attempt": 0,
+        "model_failures": 0,
+        "waiting": None,
+        "lease_owner": None,
+        "lease_expires_ms": None,
+        "due_ms": FromNow(0),
+    }
+    if next_owner is not None:
+        values |= {
+            "lease_epoch": Increment(1),
+            "lease_owner": next_owner,
+            "lease_expires_ms": FromNow(lease.ttl_ms),
+            "attempt": 1,
+        }
+    return values
+
+
+def release_values(
+    lease: Lease,
+    *,
+    delay_ms: int = 0,
+    model_failures: int | None = None,
+    waiting: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Give the lease back without progress (a wait); the attempt does not count.
+
+    ``waiting`` says why (shown on the step timeline until the step moves on).
+    """
+    values: dict[str, Any] = {
+        "waiting": waiting,
+        "attempt": Increment(-1),
+        "lease_owner": None,
+        "lease_expires_ms": None,
+        "due_ms": FromNow(delay_ms),
+    }
+    if model_failures is not None:
+        values["model_failures"] = model_failures
+    return values
+
+
+def terminal_values(
+    status: str,
+    *,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """The values that end a task (pair with its ``task.<status>`` event)."""
+    assert status in TaskStatus.TERMINAL
+    values: dict[str, Any] = {
+        "status": status,
+        "result": result,
+        "error": error,
+        "finished_at": utcnow(),
+        "updated_at": utcnow(),
+        "lease_owner": None,
+        "lease_expires_ms": None,
+        "due_ms": None,
+        "cancel_requested_at": None,
+        "model_failures": 0,
+        "waiting": None,
+    }
+    if steps is not None:
+        values["steps"] = steps
+    return values
