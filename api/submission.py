@@ -17,7 +17,8 @@ from shared.agents.registry import get_agent, get_registry
 from shared.errors import EgressDenied, InvalidRequest, NotFound
 from shared.providers import Script, check_available, parse_model, script_delays_over
 from shared.ratelimit import limits
-from shared.ratelimit.limiter import LimiterUnavailable, get_limiter
+from shared.ratelimit.buckets import LimiterUnavailable
+from shared.ratelimit.limiter import get_limiter
 from shared.settings import Settings
 from shared.store.tasks import NewTask
 from shared.webhooks.egress import check_url

@@ -1,1 +1,2 @@
-"""The worker side: the Celery app, the step runner, model providers and tool execution."""
+"""The worker side: the Celery app, the agent loop (``steps/``), model calls and providers,
+tool execution, cancels, the lease heartbeat, the webhook sender and the sweeper."""

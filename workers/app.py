@@ -15,7 +15,8 @@ from shared.queue import get_celery
 from shared.settings import get_settings
 from shared.store.db import reset_engines
 from shared.webhooks import egress
-from workers import step_pool, step_runner, sweeper, tokens, webhook_sender
+from workers import step_pool, sweeper, tokens, webhook_sender
+from workers.steps import runner
 
 log = logging.getLogger("ratchet.worker")
 app = get_celery()
@@ -26,7 +27,7 @@ def advance_task(task_id: str, step: int | None = None) -> None:
     """Hand the step to this process's step pool (waiting for a free thread); it runs there,
     with the task's next steps after it, so the message is done once the step has started.
     Safe to run twice (the lease decides)."""
-    work = partial(step_runner.advance, task_id, step, go_on=step_pool.accepting)
+    work = partial(runner.advance, task_id, step, go_on=step_pool.accepting)
     step_pool.get_pool().run(work)
 
 

@@ -21,7 +21,8 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type
 from shared.errors import ModelError, ModelRateLimited, ModelTransientError
 from shared.observability import metrics
 from shared.ratelimit import limits
-from shared.ratelimit.limiter import LimiterUnavailable, Take, get_limiter
+from shared.ratelimit.buckets import LimiterUnavailable, Take
+from shared.ratelimit.limiter import get_limiter
 from shared.settings import get_settings
 from workers import tokens
 from workers.providers import ModelRequest, ModelResponse, Provider

@@ -18,13 +18,13 @@ import logging
 import threading
 import time
 
-from sqlalchemy import select, text
-from sqlalchemy.orm import Session
+from sqlalchemy import select
 
 from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 from shared.store import outbox, tasks
-from shared.store.db import now_ms, transaction, write_session
+from shared.store.backend import backend_of, write_session
+from shared.store.db import now_ms, transaction
 
 log = logging.getLogger("ratchet.sweeper")
 SWEEP_LOCK_ID = 0x5241544348  # "RATCH"
@@ -43,7 +43,7 @@ def sweep_once() -> int:
     settings = get_settings()
     grace_ms = int(settings.sweep_grace_seconds * 1000)
     with transaction() as session:
-        if not _sweep_lock(session):
+        if not backend_of(session).try_sweep_lock(session, SWEEP_LOCK_ID):
             return 0  # another process is sweeping: it looks into the queues, not this one
         steps_sent = oldest_waiting_ms(settings.queue_name)
         sends_sent = oldest_waiting_ms(webhook_queue(settings))
@@ -67,22 +67,6 @@ def sweep_once() -> int:
     if overdue:
         log.warning("sweeper re-enqueued %d task(s)", len(overdue))
     return len(overdue) + len(deliveries)
-
-
-def _sweep_lock(session: Session) -> bool:
-    """One sweeper at a time (on PostgreSQL); and a row locked by a stalled transaction must
-    not stall the fleet's sweeping, so this transaction waits for locks 5 s at most."""
-    if session.get_bind().dialect.name != "postgresql":
-        return True
-    return bool(
-        session.scalar(
-            text(
-                "SELECT pg_try_advisory_xact_lock(:id)"
-                " AND set_config('lock_timeout', '5s', true) IS NOT NULL"
-            ),
-            {"id": SWEEP_LOCK_ID},
-        )
-    )
 
 
 def _waiting_since(sent_ms: int | None, offset_ms: int) -> int | None:

@@ -10,7 +10,8 @@ from fastapi import APIRouter, HTTPException
 
 from api.deps import Admin, Operator
 from api.problems import responses
-from shared.ratelimit.limiter import Bucket, LimiterUnavailable, get_limiter
+from shared.ratelimit.buckets import Bucket, LimiterUnavailable
+from shared.ratelimit.limiter import get_limiter
 from shared.ratelimit.limits import adaptive_share, configured_buckets, tenant_buckets
 from shared.settings import get_settings
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.ratelimit.limiter import Bucket, LimiterUnavailable, Take, get_limiter
+from shared.ratelimit.buckets import Bucket, LimiterUnavailable, Take
+from shared.ratelimit.limiter import get_limiter
 from shared.settings import get_settings
 
 

@@ -6,15 +6,11 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psycopg
-from psycopg.rows import namedtuple_row
-from psycopg.types.json import Jsonb
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Connection,
     Engine,
@@ -22,7 +18,7 @@ from sqlalchemy import (
     event,
     text,
 )
-from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.expression import FunctionElement
@@ -241,93 +237,10 @@ def transaction() -> Iterator[Session]:
         yield session
 
 
-@contextmanager
-def write_session(*, heartbeat: bool = False) -> Iterator[Session]:
-    """A session for writes that are each one atomic statement (see shared.store.batch).
-
-    On PostgreSQL it runs in autocommit: each statement commits on its own, which saves the
-    round trips of BEGIN and COMMIT. Elsewhere it is an ordinary transaction, committed at
-    the end, in which a batch runs as several statements. Either way the connection goes
-    back to the pool when the block ends. ``heartbeat``: on the heartbeat's own connection.
-    """
-    if get_engine().dialect.name != "postgresql":
-        with transaction() as session:
-            yield session
-        return
-    with get_engine(heartbeat=heartbeat).connect() as connection:
-        autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
-        with get_sessionmaker()(bind=autocommit) as session:
-            yield session
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    sql: str
-    defaults: dict[str, Any]  # values SQLAlchemy bound itself (literals in the statement)
-    required: frozenset[str]  # parameters each execution must give
-    json: frozenset[str]  # parameters of JSON type: psycopg takes them wrapped
-
-
-_compiled: dict[int, tuple[Any, _Compiled]] = {}
-
-
-def _compile(statement: Any, dialect: Any) -> _Compiled:
-    cached = _compiled.get(id(statement))
-    if cached is not None and cached[0] is statement:
-        return cached[1]
-    compiled = statement.compile(dialect=dialect)
-    assert "POSTCOMPILE" not in str(compiled), "an IN list is expanded per execution: use OR"
-    json_params = frozenset(
-        name for name, bind in compiled.binds.items() if isinstance(bind.type, JSON)
-    )
-    # Literals SQLAlchemy bound itself; the rest come with each execution.
-    defaults = dict(compiled.construct_params(_check=False))
-    required = frozenset(name for name, bind in compiled.binds.items() if bind.required)
-    result = _Compiled(str(compiled), defaults, required, json_params)
-    _compiled[id(statement)] = (statement, result)
-    return result
-
-
-# Called as (connection, sql, parameters) before fetch_one sends a statement itself, as
+# Called as (connection, sql, parameters) before the PostgreSQL backend sends a statement itself, as
 # SQLAlchemy's before_cursor_execute is for the statements it sends (the checkpoint benchmark
 # counts writes with both).
 statement_observers: list[Callable[[Connection, str, dict[str, Any]], None]] = []
-
-
-def fetch_one(session: Session, statement: Any, params: dict[str, Any]) -> Any | None:
-    """Run a statement built once and kept (a module constant, or cached); its one row or None.
-
-    On PostgreSQL the statement is compiled once to driver SQL and sent straight through
-    psycopg: for the step's statements, SQLAlchemy's per-execution work (walking the statement
-    for its cache key, processing parameters, building the result's metadata) costs more
-    than the database does. Errors come out as SQLAlchemy's, a dropped connection
-    invalidated. Elsewhere it is an ordinary execute.
-    """
-    connection = session.connection()
-    if connection.dialect.name != "postgresql":
-        return session.execute(statement, params).one_or_none()
-    compiled = _compile(statement, connection.dialect)
-    if not compiled.required <= params.keys():
-        missing = ", ".join(sorted(compiled.required - params.keys()))
-        raise ValueError(f"no value for the statement's parameters: {missing}")
-    values = {**compiled.defaults, **params}
-    for name in compiled.json:
-        values[name] = Jsonb(values[name])
-    for observe in statement_observers:
-        observe(connection, compiled.sql, values)
-    driver = connection.connection.driver_connection
-    assert isinstance(driver, psycopg.Connection)
-    try:
-        with driver.cursor(row_factory=namedtuple_row) as cursor:
-            cursor.execute(compiled.sql, values)
-            return cursor.fetchone()
-    except psycopg.Error as exc:
-        dropped = connection.dialect.is_disconnect(cast(Any, exc), cast(Any, driver), None)
-        if dropped:
-            connection.invalidate(exc)
-        raise DBAPIError.instance(
-            compiled.sql, values, exc, psycopg.Error, connection_invalidated=dropped
-        ) from exc
 
 
 def alembic_config(url: str | None = None) -> Any:

@@ -4,12 +4,12 @@ are reserved by the task row's UPDATE; see ``writes.write`` and ``insert_events`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, get_args
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.store import outbox
+from shared.store import batch, outbox
 from shared.store.fenced import EventSpec
 from shared.store.tables import TaskEvent, utcnow
 from shared.views import TaskState
@@ -50,9 +50,6 @@ def last_event(session: Session, task_id: str) -> TaskEvent | None:
     ).first()
 
 
-_INSERT_EVENTS = insert(cast(Table, TaskEvent.__table__))  # Core: no ORM bookkeeping
-
-
 def insert_events(
     session: Session,
     events: Sequence[EventSpec],
@@ -72,22 +69,22 @@ def insert_events(
         return []
     if task is not None:
         task_id, tenant_id, last_seq = task.id, task.tenant_id, task.last_event_seq
-    first = last_seq - len(events) + 1
-    written: list[tuple[int, str, dict[str, Any]]] = []
-    for offset, (type_, spec) in enumerate(events):
+    resolved: list[tuple[str, dict[str, Any]]] = []
+    for type_, spec in events:
         if callable(spec):
             assert task is not None, "an event built from the task needs the task"
-        data = spec(task) if callable(spec) and task is not None else spec
-        written.append((first + offset, type_, data))  # type: ignore[arg-type]
-    session.execute(
-        _INSERT_EVENTS,
-        [
-            {"task_id": task_id, "seq": seq, "type": type_, "data": data, "created_at": utcnow()}
-            for seq, type_, data in written
-        ],
+            resolved.append((type_, spec(task)))
+        else:
+            resolved.append((type_, spec))
+    offsets = [(place, type_, data) for place, (type_, data) in enumerate(resolved, 1)]
+    deliveries = outbox.delivery_rows(subscriptions, offsets, task_id=task_id)
+    batch.insert_logged(
+        session,
+        task_id=task_id,
+        tenant_id=tenant_id,
+        first_seq=last_seq - len(events) + 1,
+        events=resolved,
+        deliveries=deliveries,
+        now=utcnow(),
     )
-    if not subscriptions:
-        return []
-    return outbox.add_deliveries(
-        session, task_id=task_id, tenant_id=tenant_id, subscriptions=subscriptions, events=written
-    )
+    return [str(d["id"]) for d in deliveries]

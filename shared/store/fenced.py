@@ -67,7 +67,7 @@ def settle(state: TaskState, row: Any) -> None:
 
 def runnable(status: ColumnElement[str]) -> ColumnElement[bool]:
     """``status IN (…)`` spelled with OR: an IN list is expanded at each execution, which a
-    statement compiled once (db.fetch_one) cannot have."""
+    statement compiled once (backend.fetch_one) cannot have."""
     return or_(*(status == value for value in TaskStatus.RUNNABLE))
 
 

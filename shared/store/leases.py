@@ -13,9 +13,9 @@ from sqlalchemy import BigInteger, DateTime, Update, bindparam, select, tuple_, 
 from sqlalchemy.orm import Session
 
 from shared.observability import metrics
-from shared.store import batch
+from shared.store.backend import fetch_one, run_batch
 from shared.store.batch import Batch, Increment
-from shared.store.db import fetch_one, now_ms
+from shared.store.db import now_ms
 from shared.store.fenced import (
     TASK_COLUMNS,
     TASKS,
@@ -130,7 +130,7 @@ def take_lease(
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
     lease_batch, leased = _lease_batch(session, read, owner=owner, ttl_ms=ttl_ms)
     lease_batch.params["b_max_attempts"] = max_attempts
-    row = batch.run(session, lease_batch)
+    row = run_batch(session, lease_batch)
     if row is None:
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
     settle(leased, row)
@@ -232,7 +232,7 @@ def _fail_poisoned(session: Session, task: TaskState, max_attempts: int) -> bool
     )
     failed = predict(task, values)
     log_in_batch(session, poison, [("task.failed", task_document)], task=failed)
-    if batch.run(session, poison) is None:
+    if run_batch(session, poison) is None:
         return False
     metrics.tasks_finished.labels(status=TaskStatus.FAILED).inc()
     return True

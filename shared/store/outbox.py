@@ -102,42 +102,52 @@ def first_delay_ms() -> int:
     return int(get_settings().webhook_retry_schedule[0] * 1000)
 
 
-def add_deliveries(
-    session: Session,
+def pending_delivery(
     *,
-    task_id: str,
-    tenant_id: str,
-    subscriptions: Sequence[Subscription],
-    events: Sequence[tuple[int, str, dict[str, Any]]],
-) -> list[str]:
-    """Queue one delivery per (event, subscription) that wants it; returns their ids."""
-    rows = delivery_rows(subscriptions, events, task_id=task_id)
-    if rows:
-        session.execute(
-            INSERT_DELIVERY,
-            [record(d, tenant_id=tenant_id, task_id=task_id, event_seq=d["offset"]) for d in rows],
-        )
-    return [str(d["id"]) for d in rows]
-
-
-def record(d: dict[str, Any], *, tenant_id: str, task_id: str, event_seq: int) -> dict[str, Any]:
-    """The outbox row of a ``delivery_rows`` item whose event has ``event_seq``, pending, for
-    ``INSERT_DELIVERY`` (whose ``b_first_delay_ms`` sets the first attempt's time)."""
+    id: Any,
+    tenant_id: Any,
+    task_id: Any,
+    endpoint_id: Any,
+    event_seq: Any,
+    event_type: Any,
+    url: Any,
+    payload: Any,
+    created_at: Any,
+) -> dict[str, Any]:
+    """A new outbox row, pending its first attempt: the one description of its columns. The
+    values are Python values, or SQL expressions where a statement computes them (see
+    ``shared.store.postgresql``); ``next_attempt_ms`` is the statement's to set."""
     return {
-        "id": d["id"],
+        "id": id,
         "tenant_id": tenant_id,
         "task_id": task_id,
-        "endpoint_id": d["endpoint_id"],
+        "endpoint_id": endpoint_id,
         "event_seq": event_seq,
-        "event_type": d["event_type"],
-        "url": d["url"],
-        "payload": d["payload"],
+        "event_type": event_type,
+        "url": url,
+        "payload": payload,
         "status": PENDING,
         "attempts": 0,
         "attempts_base": 0,
-        "created_at": utcnow(),
-        "b_first_delay_ms": first_delay_ms(),
+        "created_at": created_at,
     }
+
+
+def record(d: dict[str, Any], *, tenant_id: str, task_id: str, event_seq: int) -> dict[str, Any]:
+    """The outbox row of a ``delivery_rows`` item whose event has ``event_seq``, for
+    ``INSERT_DELIVERY`` (whose ``b_first_delay_ms`` sets the first attempt's time)."""
+    row = pending_delivery(
+        id=d["id"],
+        tenant_id=tenant_id,
+        task_id=task_id,
+        endpoint_id=d["endpoint_id"],
+        event_seq=event_seq,
+        event_type=d["event_type"],
+        url=d["url"],
+        payload=d["payload"],
+        created_at=utcnow(),
+    )
+    return row | {"b_first_delay_ms": first_delay_ms()}
 
 
 def claim(session: Session, delivery_id: str, *, claim_ms: int) -> WebhookDelivery | None:
@@ -169,7 +179,7 @@ class AttemptResult:
 def next_delay_seconds(delivery: WebhookDelivery, schedule: Sequence[float]) -> float | None:
     """Seconds until the next try (with ±20% jitter), or None when the schedule is spent.
 
-    ``schedule[0]`` is the wait before the first attempt (see add_deliveries); after the
+    ``schedule[0]`` is the wait before the first attempt (see first_delay_ms); after the
     i-th attempt the next one waits ``schedule[i]``.
     """
     made = delivery.attempts - delivery.attempts_base

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from shared.errors import CancelRequested, LeaseLost
 from shared.observability import metrics
-from shared.store import batch
+from shared.store.backend import run_batch
 from shared.store.batch import Batch, Increment, Part
 from shared.store.db import now_ms
 from shared.store.fenced import (
@@ -103,7 +103,7 @@ def write(
     after = predict(task, changes)
     if events:
         log_in_batch(session, fenced, events, task=after)
-    row = batch.run(session, fenced)
+    row = run_batch(session, fenced)
     if row is None:
         _refuse(session, lease)
     settle(after, row)

@@ -14,7 +14,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from shared.ratelimit.limiter import Bucket, LimiterUnavailable, LocalLimiter, RedisLimiter, Take
+from shared.ratelimit.buckets import Bucket, LimiterUnavailable, Take
+from shared.ratelimit.limiter import RedisLimiter
+from shared.ratelimit.local import LocalLimiter
 from tests.conftest import REDIS_URL, TenantHandle
 from tests.helpers import scripted_task
 
@@ -264,7 +266,8 @@ def test_admin_view_of_the_buckets(
 
 
 def test_429s_halve_a_models_share_down_to_a_floor_and_it_creeps_back() -> None:
-    from shared.ratelimit.limiter import FACTOR_PREFIX, FLOOR
+    from shared.ratelimit.buckets import FACTOR_PREFIX
+    from shared.ratelimit.scripts import FLOOR
 
     client = redis.Redis.from_url(REDIS_URL)
     limiter = RedisLimiter(client)

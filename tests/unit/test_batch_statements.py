@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import postgresql as dialects
 
-from shared.store import batch, fenced, leases, writes
+from shared.store import fenced, leases, postgresql, writes
 from shared.store.batch import Batch
 from shared.store.checkpoints import completion
 from shared.store.tables import utcnow
@@ -13,7 +13,7 @@ LEASE = leases.Lease(task_id="t", epoch=2, owner="w", step=1, attempt=1, ttl_ms=
 
 
 def compiled(of: Batch) -> str:
-    return str(batch._compose(of).compile(dialect=postgresql.dialect()))
+    return str(postgresql._compose(of).compile(dialect=dialects.dialect()))
 
 
 def write_batch(**values: object) -> Batch:

@@ -1,4 +1,6 @@
-"""House rule 1: shared/ imports neither api/ nor workers/; api/ never imports workers/."""
+"""The layout's house rules: shared/ imports neither api/ nor workers/, api/ never imports
+workers/; folders are nouns (each package says what lives in it, none grows past a dozen
+modules); modules and functions stay small enough to read."""
 
 from __future__ import annotations
 
@@ -34,3 +36,66 @@ def test_import_direction(package: str) -> None:
             if module.split(".")[0] in FORBIDDEN[package]:
                 offenders.append(f"{path.relative_to(ROOT)} imports {module}")
     assert offenders == []
+
+
+PRODUCT = ("api", "workers", "shared", "ratchet")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+MAX_MODULES_PER_FOLDER = 12
+
+
+def product_modules() -> list[Path]:
+    return [
+        path
+        for package in PRODUCT
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in path.parts
+    ]
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in product_modules()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+def test_no_function_is_over_60_lines() -> None:
+    long = {}
+    for path in product_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = length
+    assert long == {}
+
+
+def packages() -> list[Path]:
+    return sorted(
+        init.parent
+        for package in PRODUCT
+        for init in (ROOT / package).rglob("__init__.py")
+        if "migrations" not in init.parts
+    )
+
+
+def test_every_package_says_what_lives_in_it() -> None:
+    silent = [
+        str(folder.relative_to(ROOT))
+        for folder in packages()
+        if ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) is None
+    ]
+    assert silent == []
+
+
+def test_no_folder_holds_more_than_a_dozen_modules() -> None:
+    crowded = {
+        str(folder.relative_to(ROOT)): count
+        for folder in packages()
+        if (count := sum(1 for p in folder.glob("*.py") if p.name != "__init__.py"))
+        > MAX_MODULES_PER_FOLDER
+    }
+    assert crowded == {}

@@ -97,7 +97,8 @@ def test_a_task_runs_to_the_end_with_every_row_and_event() -> None:
 def test_a_stale_lease_writes_nothing() -> None:
     from shared.errors import LeaseLost
     from shared.store import leases, writes
-    from shared.store.db import transaction, write_session
+    from shared.store.backend import write_session
+    from shared.store.db import transaction
     from shared.store.tables import Task, TaskEvent
     from workers.step_runner import lease_step
 

@@ -1,0 +1,85 @@
+"""The one place the kind of database is decided: PostgreSQL in production, SQLite in the
+embedded default. Everything that differs between them goes through the backend of the
+session's engine: how a write session opens, how a kept statement runs, how a fenced write's
+batch runs, and whether this process may sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+from sqlalchemy import Row
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
+
+from shared.store.batch import Batch, run_in_turn
+from shared.store.db import get_engine, transaction
+from shared.store.postgresql import PostgreSQL
+
+
+class Backend(Protocol):
+    name: str
+
+    def write_session(self, *, heartbeat: bool = False) -> AbstractContextManager[Session]: ...
+
+    def fetch_one(self, session: Session, statement: Any, params: dict[str, Any]) -> Any | None: ...
+
+    def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None: ...
+
+    def try_sweep_lock(self, session: Session, lock_id: int) -> bool: ...
+
+
+class SQLite:
+    """The backend of the embedded default: one process, one writer at a time."""
+
+    name = "sqlite"
+
+    @contextmanager
+    def write_session(self, *, heartbeat: bool = False) -> Iterator[Session]:
+        """An ordinary transaction, committed at the end; a batch runs in it in turn."""
+        with transaction() as session:
+            yield session
+
+    def fetch_one(self, session: Session, statement: Any, params: dict[str, Any]) -> Any | None:
+        return session.execute(statement, params).one_or_none()
+
+    def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None:
+        return run_in_turn(session, batch)
+
+    def try_sweep_lock(self, session: Session, lock_id: int) -> bool:
+        return True  # one process sweeps: the embedded default's own
+
+
+BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite()}
+
+
+def backend_of(bind: Engine | Connection | Session) -> Backend:
+    """The backend of an engine, a connection or a session's bind."""
+    if isinstance(bind, Session):
+        bind = bind.get_bind()
+    return BACKENDS[bind.dialect.name]
+
+
+def current() -> Backend:
+    """The backend of the configured database."""
+    return backend_of(get_engine())
+
+
+def write_session(*, heartbeat: bool = False) -> AbstractContextManager[Session]:
+    """A session for writes that are each one atomic batch (see ``shared.store.batch``); the
+    connection goes back to the pool when the block ends. ``heartbeat``: on the heartbeat's
+    own connection (PostgreSQL)."""
+    return current().write_session(heartbeat=heartbeat)
+
+
+def fetch_one(session: Session, statement: Any, params: dict[str, Any]) -> Any | None:
+    """Run a statement built once and kept (a module constant, or cached); its one row or
+    None."""
+    return backend_of(session).fetch_one(session, statement, params)
+
+
+def run_batch(session: Session, batch: Batch) -> Row[Any] | None:
+    """Execute a fenced write's batch; returns the fence's row, or None (nothing written)."""
+    return backend_of(session).run_batch(session, batch)

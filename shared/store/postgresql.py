@@ -1,0 +1,279 @@
+"""PostgreSQL, the production store: a fenced write is one statement, sent on an autocommit
+connection, and the step's statements are compiled once and sent straight through psycopg.
+
+A batch is ``WITH w AS (UPDATE task … RETURNING …), e_ins AS (INSERT events … FROM w), …
+SELECT * FROM w``: every other write selects from the fence's CTE, so each happens only if the
+fence matched, and the whole costs one round trip and one commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+import psycopg
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ColumnElement,
+    Integer,
+    Row,
+    Select,
+    Text,
+    column,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import bindparam
+
+from shared.store import outbox
+from shared.store.batch import DELIVERIES, EVENTS, Add, Batch, Change, Increment, Part
+from shared.store.db import get_engine, get_sessionmaker, now_ms, statement_observers
+
+
+class PostgreSQL:
+    """The backend of a PostgreSQL database."""
+
+    name = "postgresql"
+
+    @contextmanager
+    def write_session(self, *, heartbeat: bool = False) -> Iterator[Session]:
+        """Autocommit: each statement (a whole batch) commits on its own, which saves the
+        round trips of BEGIN and COMMIT."""
+        with get_engine(heartbeat=heartbeat).connect() as connection:
+            autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
+            with get_sessionmaker()(bind=autocommit) as session:
+                yield session
+
+    def fetch_one(self, session: Session, statement: Any, params: dict[str, Any]) -> Any | None:
+        return fetch_compiled(session, statement, params)
+
+    def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None:
+        return run_as_one(session, batch)
+
+    def try_sweep_lock(self, session: Session, lock_id: int) -> bool:
+        """One sweeper at a time across the fleet; and a row locked by a stalled transaction
+        must not stall the fleet's sweeping, so this transaction waits for locks 5 s at most."""
+        return bool(
+            session.scalar(
+                text(
+                    "SELECT pg_try_advisory_xact_lock(:id)"
+                    " AND set_config('lock_timeout', '5s', true) IS NOT NULL"
+                ),
+                {"id": lock_id},
+            )
+        )
+
+
+# --- statements compiled once ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    defaults: dict[str, Any]  # values SQLAlchemy bound itself (literals in the statement)
+    required: frozenset[str]  # parameters each execution must give
+    json: frozenset[str]  # parameters of JSON type: psycopg takes them wrapped
+
+
+_compiled: dict[int, tuple[Any, _Compiled]] = {}
+
+
+def _compile(statement: Any, dialect: Any) -> _Compiled:
+    cached = _compiled.get(id(statement))
+    if cached is not None and cached[0] is statement:
+        return cached[1]
+    compiled = statement.compile(dialect=dialect)
+    assert "POSTCOMPILE" not in str(compiled), "an IN list is expanded per execution: use OR"
+    json_params = frozenset(
+        name for name, bind in compiled.binds.items() if isinstance(bind.type, JSON)
+    )
+    # Literals SQLAlchemy bound itself; the rest come with each execution.
+    defaults = dict(compiled.construct_params(_check=False))
+    required = frozenset(name for name, bind in compiled.binds.items() if bind.required)
+    result = _Compiled(str(compiled), defaults, required, json_params)
+    _compiled[id(statement)] = (statement, result)
+    return result
+
+
+def fetch_compiled(session: Session, statement: Any, params: dict[str, Any]) -> Any | None:
+    """Run a statement built once and kept (a module constant, or cached); its one row or None.
+
+    The statement is compiled once to driver SQL and sent straight through
+    psycopg: for the step's statements, SQLAlchemy's per-execution work (walking the statement
+    for its cache key, processing parameters, building the result's metadata) costs more
+    than the database does. Errors come out as SQLAlchemy's, a dropped connection
+    invalidated.
+    """
+    connection = session.connection()
+    compiled = _compile(statement, connection.dialect)
+    if not compiled.required <= params.keys():
+        missing = ", ".join(sorted(compiled.required - params.keys()))
+        raise ValueError(f"no value for the statement's parameters: {missing}")
+    values = {**compiled.defaults, **params}
+    for name in compiled.json:
+        values[name] = Jsonb(values[name])
+    for observe in statement_observers:
+        observe(connection, compiled.sql, values)
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    try:
+        with driver.cursor(row_factory=namedtuple_row) as cursor:
+            cursor.execute(compiled.sql, values)
+            return cursor.fetchone()
+    except psycopg.Error as exc:
+        dropped = connection.dialect.is_disconnect(cast(Any, exc), cast(Any, driver), None)
+        if dropped:
+            connection.invalidate(exc)
+        raise DBAPIError.instance(
+            compiled.sql, values, exc, psycopg.Error, connection_invalidated=dropped
+        ) from exc
+
+
+# --- a batch as one statement ------------------------------------------------------------------
+
+
+def _part_shape(part: Part) -> Hashable:
+    if isinstance(part, Add):
+        return ("add", part.table.name, tuple(part.values))
+    kinds = tuple((k, isinstance(v, Increment)) for k, v in part.values.items())
+    return ("change", part.table.name, tuple(part.where), kinds)
+
+
+_statements: dict[Hashable, Select[Any]] = {}
+
+
+def run_as_one(session: Session, batch: Batch) -> Row[Any] | None:
+    shape: tuple[Hashable, ...] = (batch.key, batch.durable, bool(batch.events))
+    shape += (bool(batch.deliveries),)
+    shape += tuple(_part_shape(part) for part in batch.parts)
+    statement = _statements.get(shape)
+    if statement is None:
+        statement = _statements[shape] = _compose(batch)
+    params = dict(batch.params)
+    if batch.events:
+        params |= {
+            "x_events": [
+                {"offset": i, "type": type_, "data": data}
+                for i, (type_, data) in enumerate(batch.events, 1)
+            ],
+            "x_count": len(batch.events),
+            "x_now": batch.now,
+        }
+    if batch.deliveries:
+        params |= {
+            "x_deliveries": batch.deliveries,
+            "x_first_delay_ms": batch.first_delay_ms,
+            "x_tenant_id": batch.tenant_id,
+            "x_now": batch.now,
+        }
+    for index, part in enumerate(batch.parts):
+        params |= _part_params(index, part)
+    return cast(Row[Any] | None, fetch_compiled(session, statement, params))
+
+
+def _part_params(index: int, part: Part) -> dict[str, Any]:
+    params = {f"p{index}_{k}": _plain(v) for k, v in part.values.items()}
+    if isinstance(part, Change):
+        params |= {f"p{index}_w_{k}": v for k, v in part.where.items()}
+    return params
+
+
+def _plain(value: Any) -> Any:
+    return value.by if isinstance(value, Increment) else value
+
+
+def _recordset(name: str, param: str, columns: Sequence[tuple[str, Any]]) -> Any:
+    return (
+        func.jsonb_to_recordset(bindparam(param, type_=JSONB))
+        .table_valued(*(column(n, t) for n, t in columns))
+        .render_derived(name=name, with_types=True)
+    )
+
+
+def _compose(batch: Batch) -> Select[Any]:
+    """The batch's statement: ``WITH w AS (UPDATE … RETURNING …), … SELECT * FROM w``."""
+    w = batch.fence.cte("w")
+    ctes = []
+    if batch.events:
+        e = _recordset("e", "x_events", [("offset", Integer), ("type", Text), ("data", JSONB)])
+        rows = select(
+            w.c.id,
+            w.c.last_event_seq - bindparam("x_count", type_=Integer) + e.c.offset,
+            e.c.type,
+            e.c.data,
+            bindparam("x_now"),
+        ).select_from(w.join(e, true()))
+        ctes.append(
+            insert(EVENTS)
+            .from_select(["task_id", "seq", "type", "data", "created_at"], rows)
+            .cte("e_ins")
+        )
+    if batch.deliveries:
+        ctes.append(_deliveries_cte(w))
+    for index, part in enumerate(batch.parts):
+        ctes.append(_part_cte(w, index, part))
+    if batch.durable:
+        return select(w).add_cte(*ctes)
+    # set_config(…, true) is SET LOCAL: it lasts until this statement's own commit.
+    lazy = select(func.set_config("synchronous_commit", "off", True).label("lazy")).cte("lazy")
+    return select(w).join_from(w, lazy, true()).add_cte(*ctes)
+
+
+def _deliveries_cte(w: Any) -> Any:
+    """The outbox rows of the events' deliveries, described by ``outbox.pending_delivery``
+    as every other insert of a delivery is; their seqs counted back from the fence's."""
+    d = _recordset(
+        "d",
+        "x_deliveries",
+        [
+            ("id", Text),
+            ("endpoint_id", Text),
+            ("offset", Integer),
+            ("event_type", Text),
+            ("url", Text),
+            ("payload", JSONB),
+        ],
+    )
+    row = outbox.pending_delivery(
+        id=d.c.id,
+        tenant_id=bindparam("x_tenant_id"),
+        task_id=w.c.id,
+        endpoint_id=d.c.endpoint_id,
+        event_seq=w.c.last_event_seq - bindparam("x_count", type_=Integer) + d.c.offset,
+        event_type=d.c.event_type,
+        url=d.c.url,
+        payload=d.c.payload,
+        created_at=bindparam("x_now"),
+    )
+    row["next_attempt_ms"] = now_ms() + bindparam("x_first_delay_ms", type_=BigInteger)
+    values = [v if isinstance(v, ColumnElement) else literal(v) for v in row.values()]
+    rows = select(*values).select_from(w.join(d, true()))
+    return insert(DELIVERIES).from_select(list(row), rows).cte("d_ins")
+
+
+def _part_cte(w: Any, index: int, part: Part) -> Any:
+    table = part.table
+    if isinstance(part, Add):
+        values = [bindparam(f"p{index}_{k}", type_=table.c[k].type) for k in part.values]
+        rows = select(*values).select_from(w)
+        return insert(table).from_select(list(part.values), rows).cte(f"p{index}")
+    conditions: list[ColumnElement[bool]] = [table.c.task_id == w.c.id]
+    conditions += [table.c[k] == bindparam(f"p{index}_w_{k}") for k in part.where]
+    changes: dict[str, Any] = {}
+    for key, value in part.values.items():
+        param = bindparam(f"p{index}_{key}", type_=table.c[key].type)
+        changes[key] = table.c[key] + param if isinstance(value, Increment) else param
+    return update(table).where(*conditions).values(changes).cte(f"p{index}")

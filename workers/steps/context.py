@@ -1,0 +1,184 @@
+"""What a leased step knows: the task as leased, its agent and tools, and the conversation
+rebuilt from the task's input and its committed steps (or carried over from the step before)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shared.agents.registry import Agent, Tool, get_agent, get_registry
+from shared.store import checkpoints, ledger
+from shared.store.backend import write_session
+from shared.store.leases import Lease
+from shared.store.tables import Step, Tenant, ToolCall
+from shared.views import TaskState
+from workers import tool_runner
+from workers.providers import ModelResponse
+from workers.providers.base import Message
+
+
+def worker_id() -> str:
+    """``host:pid:thread``: who holds a lease (the pid is read each time: workers fork)."""
+    return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"
+
+
+_HOST = socket.gethostname()
+
+
+@dataclass
+class Context:
+    """What a step needs, read when the lease is taken. ``task`` is the row as this lease
+    holder last left it (each write of the step moves it on)."""
+
+    lease: Lease
+    task: TaskState
+    agent: Agent
+    tools: dict[str, Tool]
+    history: list[Message]
+    step_row: Step | None
+    calls: dict[str, ToolCall]
+    tenant_name: str
+    clock_ms: int
+    # Asked when the step completes: whether this thread goes on with the next step (then the
+    # completion leases it in the same write).
+    go_on: Callable[[], bool] = lambda: False
+    # What the model reads back of this step, once it is complete: its answer, then each tool
+    # call's outcome (kept for the next step on this thread).
+    said: list[Message] = field(default_factory=list)
+    outcomes: dict[str, tool_runner.Outcome] = field(default_factory=dict)
+
+
+def load_context(session: Session, lease: Lease) -> Context:
+    """Everything the step needs, read in the lease's transaction.
+
+    A task's very first lease has no history and nothing to resume: it reads nothing more.
+    """
+    task = lease.task
+    assert task is not None
+    fresh = lease.fresh  # never ran: a retried task (attempt 1 again) has rows to resume
+    steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
+    agent = get_agent(task.agent)
+    done = [s for s in steps if s.number < lease.step]
+    current = next((s for s in steps if s.number == lease.step), None)
+    return Context(
+        lease=lease,
+        task=task,
+        agent=agent,
+        tools=task_tools(task),
+        history=opening(task, agent) + step_messages(done, calls),
+        step_row=current,
+        calls={c.call_id: c for c in calls if c.step_number == lease.step},
+        tenant_name=tenant_name(task.tenant_id, session),
+        clock_ms=lease.clock_ms,
+    )
+
+
+def following_context(lease: Lease, history: list[Message]) -> Context:
+    """The context of a step leased by its predecessor's completion, from memory: the step
+    has no rows yet, and the conversation before it was carried over."""
+    task = lease.task
+    assert task is not None
+    return Context(
+        lease=lease,
+        task=task,
+        agent=get_agent(task.agent),
+        tools=task_tools(task),
+        history=history,
+        step_row=None,
+        calls={},
+        tenant_name=tenant_name(task.tenant_id),
+        clock_ms=lease.clock_ms,
+    )
+
+
+def task_tools(task: TaskState) -> dict[str, Tool]:
+    registry = get_registry()
+    return {name: registry.tools[name] for name in task.tools if name in registry.tools}
+
+
+_tenant_names: dict[str, str] = {}
+
+
+def tenant_name(tenant_id: str, session: Session | None = None) -> str:
+    """Tenant names never change, so each process looks each one up once: in ``session``,
+    if the caller holds one (a second connection while holding one could wait forever on a
+    pool that every step thread drained the same way), else in a session of its own."""
+    name = _tenant_names.get(tenant_id)
+    if name is None:
+        with nullcontext(session) if session is not None else write_session() as reader:
+            found = reader.scalar(select(Tenant.name).where(Tenant.id == tenant_id))
+        name = _tenant_names[tenant_id] = found or tenant_id
+    return name
+
+
+def opening(task: TaskState, agent: Agent) -> list[Message]:
+    """The chat before any step: the system prompt and the task's input."""
+    system = "\n\n".join(p for p in (agent.system_prompt, task.instructions) if p)
+    messages: list[Message] = [{"role": "system", "content": system}] if system else []
+    if isinstance(task.input, str):
+        messages.append({"role": "user", "content": task.input})
+    else:
+        messages.extend({"role": m["role"], "content": m["content"]} for m in task.input)
+    return messages
+
+
+def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Message]:
+    """Each step's response and its tool calls' outcomes, as the model reads them back."""
+    by_step: dict[int, list[ToolCall]] = defaultdict(list)
+    for call in calls:
+        by_step[call.step_number].append(call)
+    messages: list[Message] = []
+    for step in steps:
+        messages.append(
+            {
+                "role": "assistant",
+                "content": step.response.get("content"),
+                "tool_calls": step.response.get("tool_calls", []),
+            }
+        )
+        for call in by_step[step.number]:
+            content = tool_runner.message_content(
+                ok=call.status == ledger.SUCCEEDED, result=call.result, error=call.error
+            )
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.provider_call_id,
+                    "name": call.tool,
+                    "content": content,
+                }
+            )
+    return messages
+
+
+def said(ctx: Context, response: ModelResponse) -> list[Message]:
+    """The completed step as the model reads it back: what ``step_messages`` rebuilds from its
+    rows, made from what this step answered and recorded. (The same JSON; an object read back
+    from PostgreSQL may list its keys in another order.)"""
+    answer = response.to_dict()
+    messages: list[Message] = [
+        {"role": "assistant", "content": answer["content"], "tool_calls": answer["tool_calls"]}
+    ]
+    for position, call in enumerate(response.tool_calls):
+        call_id = ledger.call_id(ctx.lease.step, position)
+        outcome = ctx.outcomes.get(call_id)
+        if outcome is None:  # settled before this lease: as its row says
+            row = ctx.calls[call_id]
+            outcome = tool_runner.Outcome(
+                ok=row.status == ledger.SUCCEEDED, result=row.result, error=row.error
+            )
+        content = tool_runner.message_content(
+            ok=outcome.ok, result=outcome.result, error=outcome.error
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+        )
+    return messages

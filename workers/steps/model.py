@@ -1,0 +1,201 @@
+"""The model half of a step: check the budget and limits, call the model (through the
+rate limiter, retrying what is transient), and commit its response before any tool runs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any, NoReturn
+
+from opentelemetry.trace import StatusCode
+
+from shared import failpoints
+from shared.errors import ModelError
+from shared.observability import tracing
+from shared.pricing import cost_usd
+from shared.queue import enqueue_step
+from shared.settings import get_settings
+from shared.store import checkpoints, ledger
+from shared.store.fenced import EventSpec
+from shared.store.tables import TaskStatus, utcnow
+from shared.store.writes import (
+    CANCELLED_ERROR,
+    release_values,
+    terminal_values,
+    usage_values,
+)
+from shared.views import TaskState, task_document
+from workers import cancels, model_calls
+from workers.providers import ModelRequest, ModelResponse, get_provider
+from workers.providers.base import ToolSchema
+from workers.steps.context import Context
+from workers.steps.writes import TaskEnded, cancel, fail, fenced
+
+log = logging.getLogger("ratchet.step")
+
+
+KEPT_ATTEMPTS = 20  # failed model calls of a step kept for its timeline (the latest)
+
+
+def check_limits(ctx: Context) -> None:
+    """Limits checked before each model call; each ends the task with the reason."""
+    task, lease = ctx.task, ctx.lease
+    if task.cancel_requested_at is not None:
+        with fenced(ctx) as writes:
+            writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        raise TaskEnded
+    if lease.step > task.max_steps:
+        fail(ctx, "max_steps_exceeded", f"the task reached max_steps ({task.max_steps})")
+    if task.deadline_ms is not None and ctx.clock_ms > task.deadline_ms:
+        fail(ctx, "deadline_exceeded", "the task ran past its wall-clock deadline")
+
+
+@dataclass(frozen=True)
+class Answer:
+    response: ModelResponse
+    latency_ms: int
+    started_at: datetime
+
+
+def call_model(ctx: Context) -> Answer:
+    """Ask the model for this step (rate limits, retries and 429 feedback included)."""
+    provider, model_name = get_provider(ctx.task.model)
+    request = ModelRequest(
+        task_id=ctx.task.id,
+        step=ctx.lease.step,
+        model=model_name,
+        messages=ctx.history,
+        tools=[ToolSchema(t.name, t.description, t.parameters_schema) for t in ctx.tools.values()],
+        options=ctx.task.model_options,
+    )
+    started_at, started = utcnow(), time.monotonic()
+    # This step's failed calls so far (earlier messages' too): the timeline shows them.
+    failed = list((ctx.task.waiting or {}).get("model_attempts", []))
+    failpoints.hit("model_call")
+    with tracing.model_span(ctx.task.model) as span:
+        try:
+            response = cancels.call(
+                partial(
+                    model_calls.complete,
+                    provider,
+                    request,
+                    model=ctx.task.model,
+                    tenant=ctx.tenant_name,
+                    prior_failures=ctx.task.model_failures,
+                    failed=failed,
+                ),
+                name="model",
+            )
+        except cancels.Interrupted:
+            span.set_status(StatusCode.ERROR, "cancelled")
+            cancel(ctx)
+        except ModelError as exc:
+            span.set_status(StatusCode.ERROR, str(exc))
+            fail(ctx, exc.error_type, str(exc), attempts=failed[-KEPT_ATTEMPTS:])
+        except model_calls.Deferred as deferred:
+            span.set_attribute("ratchet.deferred_ms", int(deferred.delay_s * 1000))
+            defer(ctx, deferred, failed=failed[-KEPT_ATTEMPTS:])
+        span.set_attributes(
+            {
+                "gen_ai.usage.input_tokens": response.input_tokens,
+                "gen_ai.usage.output_tokens": response.output_tokens,
+            }
+        )
+    return Answer(response, int((time.monotonic() - started) * 1000), started_at)
+
+
+def defer(
+    ctx: Context, deferred: model_calls.Deferred, *, failed: list[dict[str, Any]]
+) -> NoReturn:
+    """Give the lease back and come back for this step after the wait, via the queue."""
+    lease = ctx.lease
+    cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
+    delay_ms = min(int(deferred.delay_s * 1000), cap_ms)
+    values = release_values(
+        lease,
+        delay_ms=delay_ms,
+        model_failures=deferred.failures,
+        waiting={**deferred.reason, "retry_in_ms": delay_ms, "model_attempts": failed},
+    )
+    with fenced(ctx) as writes:
+        writes.write(values=values)
+    log.info(
+        "step waits %d ms via the queue: %s",
+        delay_ms,
+        deferred.reason,
+        extra={"task_id": lease.task_id},
+    )
+    enqueue_step(lease.task_id, lease.step, delay_ms=delay_ms)
+    raise TaskEnded
+
+
+def record_response(ctx: Context, answer: Answer) -> bool:
+    """Checkpoint the model's answer in one write; a final answer (no tool calls) or a blown
+    budget also ends the task there. Returns whether the task ended."""
+    response, lease, task = answer.response, ctx.lease, ctx.task
+    cost = cost_usd(
+        task.model, input_tokens=response.input_tokens, output_tokens=response.output_tokens
+    )
+    values = usage_values(
+        input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost
+    )
+    events: list[EventSpec] = [("step.model_response", _response_event(lease.step, response, cost))]
+    over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
+    final = not response.tool_calls and not over_budget
+    if over_budget or final:
+        ending, ending_events = _ending(lease.step, response, over_budget=over_budget)
+        values |= ending
+        events += ending_events
+    call = checkpoints.ModelCall(
+        response=response.to_dict(),
+        input_tokens=response.input_tokens,
+        output_tokens=response.output_tokens,
+        cost_usd=cost,
+        latency_ms=answer.latency_ms,
+        started_at=answer.started_at,
+    )
+    with fenced(ctx) as writes:
+        writes.write(values=values, events=events)
+        writes.add(checkpoints.model_response(lease, call, final=final))
+    return final or bool(over_budget)
+
+
+def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str, Any]:
+    """The ``step.model_response`` event: the answer, its tool calls' ids and its usage."""
+    said = response.to_dict()
+    for position, call in enumerate(said["tool_calls"]):
+        call["call_id"] = ledger.call_id(step, position)  # the id the ledger and API use
+    usage = {
+        "input_tokens": response.input_tokens,
+        "output_tokens": response.output_tokens,
+        "cost_usd": cost,
+    }
+    return {"step": step, **said, "usage": usage}
+
+
+def _ending(
+    step: int, response: ModelResponse, *, over_budget: str | None
+) -> tuple[dict[str, Any], list[EventSpec]]:
+    """The values and events that end the task with this answer: failed over its budget,
+    or succeeded with the answer as its output."""
+    if over_budget:
+        error = {"type": "budget_exceeded", "message": over_budget}
+        return terminal_values(TaskStatus.FAILED, error=error), [("task.failed", task_document)]
+    values = terminal_values(
+        TaskStatus.SUCCEEDED, result={"output": response.content or ""}, steps=step
+    )
+    return values, [("step.completed", {"step": step}), ("task.succeeded", task_document)]
+
+
+def budget_exceeded(task: TaskState, tokens: int, cost: float) -> str | None:
+    budget = task.budget or {}
+    max_tokens, max_cost = budget.get("max_tokens"), budget.get("max_cost_usd")
+    total_tokens = task.input_tokens + task.output_tokens + tokens
+    if max_tokens is not None and total_tokens > max_tokens:
+        return f"the task used {total_tokens} tokens, over its budget of {max_tokens}"
+    if max_cost is not None and task.cost_usd + cost > max_cost:
+        return f"the task cost ${task.cost_usd + cost:.4f}, over its budget of ${max_cost}"
+    return None

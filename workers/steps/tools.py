@@ -1,0 +1,161 @@
+"""The tool half of a step: each call the model asked for runs at most once per ledger row
+(replayed if it finished before a crash, resolved by its policy if its outcome is unknown),
+and its outcome is committed; the last one commits with the step's completion."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from opentelemetry.trace import StatusCode
+
+from shared import failpoints
+from shared.agents.registry import Tool, ToolContext
+from shared.observability import metrics, tracing
+from shared.store import checkpoints, ledger
+from shared.store.fenced import EventSpec
+from shared.store.tables import TaskStatus
+from shared.store.writes import (
+    terminal_values,
+)
+from shared.views import task_document
+from workers import cancels, tool_runner
+from workers.providers import ToolCallRequest
+from workers.steps.context import Context
+from workers.steps.writes import TaskEnded, cancel, completion, fenced
+
+
+def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: bool) -> bool:
+    """Run one call through the ledger: replay a finished call, decide about a started one.
+
+    The last call's outcome commits together with the step's completion (one commit fewer);
+    returns whether that happened.
+    """
+    lease = ctx.lease
+    call_id = ledger.call_id(lease.step, position)
+    row = ctx.calls.get(call_id)
+    if row is not None and row.status != ledger.STARTED:
+        return False
+    tool = ctx.tools.get(call.name)
+    if row is not None and tool is not None and not tool.idempotent:
+        return resolve_unknown_outcome(ctx, tool, call_id, last=last)
+    with fenced(ctx) as writes:
+        if row is None:
+            started = ledger.started(
+                lease,
+                position=position,
+                call_id=call_id,
+                provider_call_id=call.id,
+                tool=call.name,
+                arguments=call.arguments,
+            )
+            writes.add(started)
+        else:
+            writes.add(ledger.rerun(lease, call_id))
+    failpoints.hit("tool_call")
+    try:
+        outcome = invoke(ctx, tool, call, call_id)
+    except cancels.Interrupted:
+        abandoned = (
+            "the task was cancelled while the call ran: stopped, or abandoned if it could not be"
+        )
+        cancel(ctx, ledger.outcome(call_id, status=ledger.FAILED, result=None, error=abandoned))
+    failpoints.hit("after_tool")
+    if outcome.unknown and tool is not None and not tool.idempotent:
+        # An abandoned call may still act: as after a crash, the tool's policy decides.
+        why = f"{outcome.error}; it may still complete"
+        return resolve_unknown_outcome(ctx, tool, call_id, why=why, last=last)
+    record_outcome(ctx, call_id=call_id, name=call.name, outcome=outcome, last=last)
+    return last
+
+
+def invoke(
+    ctx: Context, tool: Tool | None, call: ToolCallRequest, call_id: str
+) -> tool_runner.Outcome:
+    if tool is None:
+        return tool_runner.Outcome(
+            ok=False,
+            error=f"unknown tool {call.name!r}; available: {', '.join(ctx.tools) or 'none'}",
+        )
+    if call.invalid_arguments is not None:
+        return tool_runner.Outcome(
+            ok=False, error=f"arguments are not a JSON object: {call.invalid_arguments[:200]}"
+        )
+    watch = cancels.current()
+    context = ToolContext(
+        task_id=ctx.task.id,
+        tenant_id=ctx.task.tenant_id,
+        call_id=call_id,
+        idempotency_key=ledger.idempotency_key(ctx.task.id, call_id),
+        cancelled=watch.cancelled if watch is not None else threading.Event(),
+    )
+    with tracing.tool_span(tool.name, call_id=call_id) as span:
+        outcome = tool_runner.execute(tool, call.arguments, context)
+        if not outcome.ok:
+            span.set_status(StatusCode.ERROR, outcome.error or "failed")
+    return outcome
+
+
+def record_outcome(
+    ctx: Context,
+    *,
+    call_id: str,
+    name: str,
+    outcome: tool_runner.Outcome,
+    last: bool,
+    end_task: dict[str, Any] | None = None,
+) -> None:
+    """Commit a call's outcome; with ``last`` the step completes in the same write, with
+    ``end_task`` (an error) the task fails in it."""
+    lease = ctx.lease
+    ctx.outcomes[call_id] = outcome
+    status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
+    metrics.tool_calls.labels(tool=name if name in ctx.tools else "unknown", status=status).inc()
+    event = {
+        "step": lease.step,
+        "call_id": call_id,
+        "name": name,
+        "status": status,
+        "result": outcome.result,
+        "error": outcome.error,
+    }
+    events: list[EventSpec] = [("step.tool_call", event)]
+    values: dict[str, Any] = {}
+    if end_task is not None:
+        values = terminal_values(TaskStatus.FAILED, error=end_task)
+        events.append(("task.failed", task_document))
+    elif last:
+        done = completion(ctx)
+        values, events = done["values"], events + done["events"]
+    with fenced(ctx) as writes:
+        writes.write(values=values, events=events)
+        writes.add(
+            ledger.outcome(call_id, status=status, result=outcome.result, error=outcome.error)
+        )
+        if last and end_task is None:
+            writes.add(checkpoints.completion(lease))
+
+
+def resolve_unknown_outcome(
+    ctx: Context,
+    tool: Tool,
+    call_id: str,
+    *,
+    why: str = "was interrupted by a crash",
+    last: bool = False,
+) -> bool:
+    """A non-idempotent call whose outcome is unknown: apply the tool's policy. Returns
+    whether the step's completion was committed with it."""
+    message = (
+        f"tool call {call_id} ({tool.name}) {why}; its outcome is unknown "
+        "and the tool is not idempotent, so it was not run again"
+    )
+    unknown = tool_runner.Outcome(ok=False, error=message)
+    if tool.on_unknown_outcome == "tell_model":
+        record_outcome(ctx, call_id=call_id, name=tool.name, outcome=unknown, last=last)
+        return last
+    error = {"type": "tool_outcome_unknown", "message": message}
+    record_outcome(
+        ctx, call_id=call_id, name=tool.name, outcome=unknown, last=False, end_task=error
+    )
+    raise TaskEnded

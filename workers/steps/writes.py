@@ -1,0 +1,122 @@
+"""A step's fenced writes: gathered in a ``fenced`` block and made when it ends, with their
+webhooks and wake-ups sent once committed; and the writes that end a task from inside a step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from shared import notify
+from shared.errors import CancelRequested
+from shared.store.backend import write_session
+from shared.store.batch import Part
+from shared.store.fenced import EventSpec
+from shared.store.tables import TaskStatus
+from shared.store.writes import (
+    CANCELLED_ERROR,
+    progress_values,
+    terminal_values,
+    write,
+)
+from shared.views import task_document
+from workers import webhook_sender
+from workers.steps.context import Context, worker_id
+
+
+class TaskEnded(Exception):
+    """This message's work is over: the task reached a terminal state or was deferred."""
+
+
+def after_commit(task_id: str, deliveries: list[str]) -> None:
+    """Once events are committed: send their webhooks and wake their readers. Neither may
+    fail the step: the sweeper re-sends due deliveries, and readers poll as a fallback."""
+    notify.publish([task_id])
+    webhook_sender.dispatch(deliveries)
+
+
+@dataclass
+class Writes:
+    """One fenced write, gathered in the ``fenced`` block and made when it ends."""
+
+    ctx: Context
+    values: dict[str, Any] = field(default_factory=dict)
+    events: list[EventSpec] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
+    honour_cancel: bool = True
+    deliveries: list[str] = field(default_factory=list)
+
+    def write(
+        self, *, values: dict[str, Any] | None = None, events: Sequence[EventSpec] = ()
+    ) -> None:
+        self.values, self.events = values or {}, list(events)
+
+    def finish(self, status: str, **kwargs: Any) -> None:
+        """End the task: the terminal values and ``task.<status>`` event."""
+        self.write(
+            values=terminal_values(status, **kwargs),
+            events=[(f"task.{status}", task_document)],
+        )
+        self.honour_cancel = status != TaskStatus.CANCELLED
+
+    def add(self, *parts: Part) -> None:
+        """Checkpoint or ledger rows written with it, all or nothing."""
+        self.parts += parts
+
+    def commit(self) -> None:
+        with write_session() as session:
+            written = write(
+                session,
+                self.ctx.lease,
+                task=self.ctx.task,
+                values=self.values,
+                events=self.events,
+                parts=self.parts,
+                honour_cancel=self.honour_cancel,
+            )
+        self.ctx.task, self.deliveries = written.task, written.deliveries
+
+
+@contextmanager
+def fenced(ctx: Context) -> Iterator[Writes]:
+    """Gather one fenced write, then make it; its webhooks and wake-ups go out once it
+    commits. A requested cancellation surfaces at the fence; the task is then cancelled by a
+    write of its own and the step ends."""
+    writes = Writes(ctx)
+    yield writes
+    try:
+        writes.commit()
+    except CancelRequested:
+        cancel = Writes(ctx)
+        cancel.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        cancel.commit()
+        after_commit(ctx.task.id, cancel.deliveries)
+        raise TaskEnded from None
+    after_commit(ctx.task.id, writes.deliveries)
+
+
+def cancel(ctx: Context, *parts: Part) -> NoReturn:
+    """The task was cancelled while the step waited: end it now, with ``parts``."""
+    with fenced(ctx) as writes:
+        writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        writes.add(*parts)
+    raise TaskEnded
+
+
+def fail(ctx: Context, error_type: str, message: str, **detail: Any) -> NoReturn:
+    error = {"type": error_type, "message": message, **detail}
+    with fenced(ctx) as writes:
+        writes.finish(TaskStatus.FAILED, error=error)
+    raise TaskEnded
+
+
+def completion(ctx: Context) -> dict[str, Any]:
+    """The task values and event that complete the step; if this thread goes on with the
+    next step, the same write leases it (one statement fewer than a lease of its own)."""
+    lease = ctx.lease
+    next_owner = worker_id() if ctx.go_on() else None
+    return {
+        "values": progress_values(lease, next_owner=next_owner),
+        "events": [("step.completed", {"step": lease.step})],
+    }
