@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from shared.settings import get_settings
-from shared.store.backend import write_session
+from shared.store.backends import write_session
 from shared.store.leases import Lease, extend_leases
 from workers import cancels
 

@@ -23,7 +23,7 @@ from sqlalchemy import select
 from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 from shared.store import outbox, tasks
-from shared.store.backend import backend_of, write_session
+from shared.store.backends import backend_of, write_session
 from shared.store.db import now_ms, transaction
 
 log = logging.getLogger("ratchet.sweeper")

@@ -1,12 +1,12 @@
 """A fenced write and everything that rides on it, described once and run by the backend
-(``shared.store.backend``): as one statement on PostgreSQL, in turn elsewhere.
+(``shared.store.backends``): as one statement on PostgreSQL, in turn elsewhere.
 
 Each write of a step is a conditional UPDATE of the task row (the fence: it matches only while
 the lease epoch holds) plus rows it brings along: events, webhook deliveries, the step's
 checkpoint, ledger rows. They must happen together or not at all.
 
-On PostgreSQL a batch is one statement (see ``shared.store.postgresql``). Elsewhere (SQLite,
-the embedded default) the same writes run one after another inside the caller's transaction:
+On PostgreSQL a batch is one statement (see ``shared.store.backends.postgresql``). Elsewhere
+(SQLite, the embedded default) the same writes run one after another in the caller's transaction:
 ``run_in_turn`` below, whose inserts of events and deliveries are also those of every write
 made outside a step (``shared.store.events.insert_events``).
 

@@ -13,7 +13,7 @@ from sqlalchemy import BigInteger, DateTime, Update, bindparam, select, tuple_, 
 from sqlalchemy.orm import Session
 
 from shared.observability import metrics
-from shared.store.backend import fetch_one, run_batch
+from shared.store.backends import fetch_one, run_batch
 from shared.store.batch import Batch, Increment
 from shared.store.db import now_ms
 from shared.store.fenced import (

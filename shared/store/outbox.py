@@ -116,7 +116,7 @@ def pending_delivery(
 ) -> dict[str, Any]:
     """A new outbox row, pending its first attempt: the one description of its columns. The
     values are Python values, or SQL expressions where a statement computes them (see
-    ``shared.store.postgresql``); ``next_attempt_ms`` is the statement's to set."""
+    ``shared.store.backends.postgresql``); ``next_attempt_ms`` is the statement's to set."""
     return {
         "id": id,
         "tenant_id": tenant_id,

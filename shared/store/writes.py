@@ -7,7 +7,7 @@ their webhook deliveries, all or nothing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from shared.errors import CancelRequested, LeaseLost
 from shared.observability import metrics
-from shared.store.backend import run_batch
+from shared.store.backends import run_batch
 from shared.store.batch import Batch, Increment, Part
 from shared.store.db import now_ms
 from shared.store.fenced import (
@@ -32,7 +32,7 @@ from shared.store.fenced import (
     shape_of,
 )
 from shared.store.tables import Task, TaskStatus, utcnow
-from shared.views import TaskState
+from shared.views import TaskState, task_document
 
 if TYPE_CHECKING:
     from shared.store.leases import Lease
@@ -71,26 +71,25 @@ def write(
     lease: Lease,
     *,
     task: TaskState,
-    values: dict[str, Any] | None = None,
-    events: Sequence[EventSpec] = (),
+    change: TaskWrite,
     parts: Sequence[Part] = (),
-    honour_cancel: bool = True,
 ) -> Written:
-    """The one fenced write of a step: check the lease, extend it, apply ``values``, log
-    ``events``, and write ``parts`` (checkpoint and ledger rows) — all or nothing.
+    """The one fenced write of a step: check the lease, extend it, make ``change`` (its values
+    and events), and write ``parts`` (checkpoint and ledger rows) — all or nothing.
 
     The fence is an UPDATE of the task row conditional on the lease epoch: only a holder of
     the current epoch can write, and a competing lease-taker waits on its row lock and then
     sees the bumped epoch. On PostgreSQL the whole write is one statement (see shared.store.batch).
     ``task`` is the row as this lease holder last left it. Raises LeaseLost if the epoch
-    moved on, CancelRequested if the client asked to cancel (unless ``honour_cancel`` is False).
+    moved on, CancelRequested if the client asked to cancel (unless the change is the cancel).
     """
+    events, honour_cancel = change.events, change.honour_cancel
     now = utcnow()
     changes: dict[str, Any] = {
         "lease_expires_ms": FromNow(lease.ttl_ms),
         "updated_at": now,
         "last_event_seq": Increment(len(events)),
-        **(values or {}),
+        **change.values,
     }
     shape = shape_of(changes)
     fenced = Batch(
@@ -206,3 +205,71 @@ def terminal_values(
     if steps is not None:
         values["steps"] = steps
     return values
+
+
+@dataclass(frozen=True)
+class TaskWrite:
+    """What one fenced write does to the task row and its log: the values it sets and the
+    events it appends. Built by the intents below, combined with ``then``, made by ``write``."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    events: tuple[EventSpec, ...] = ()
+    # False for a write that a pending cancel must not refuse (the cancel itself).
+    honour_cancel: bool = True
+
+    def then(self, other: TaskWrite) -> TaskWrite:
+        """Both in the same write: ``other``'s values win, its events come after."""
+        return TaskWrite(
+            {**self.values, **other.values},
+            self.events + other.events,
+            self.honour_cancel and other.honour_cancel,
+        )
+
+
+def log_events(*events: EventSpec) -> TaskWrite:
+    """Append events, changing nothing else."""
+    return TaskWrite(events=events)
+
+
+def finish_task(
+    status: str,
+    *,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    steps: int | None = None,
+) -> TaskWrite:
+    """End the task: its terminal values and its ``task.<status>`` event, always together.
+    A cancellation is written even with a cancel pending: it is what the cancel asked for."""
+    return TaskWrite(
+        terminal_values(status, result=result, error=error, steps=steps),
+        ((f"task.{status}", task_document),),
+        honour_cancel=status != TaskStatus.CANCELLED,
+    )
+
+
+def complete_step(lease: Lease, *, next_owner: str | None = None) -> TaskWrite:
+    """``lease.step`` is done (``step.completed``); with ``next_owner``, the same write
+    leases the next step to it (see ``leases.next_lease``)."""
+    return TaskWrite(
+        progress_values(lease, next_owner=next_owner), (("step.completed", {"step": lease.step}),)
+    )
+
+
+def release(
+    lease: Lease,
+    *,
+    delay_ms: int = 0,
+    model_failures: int | None = None,
+    waiting: dict[str, Any] | None = None,
+) -> TaskWrite:
+    """Give the lease back without progress, to come back after ``delay_ms``."""
+    return TaskWrite(
+        release_values(lease, delay_ms=delay_ms, model_failures=model_failures, waiting=waiting)
+    )
+
+
+def add_usage(*, input_tokens: int, output_tokens: int, cost_usd: float) -> TaskWrite:
+    """Add a model call's tokens and cost to the task's totals."""
+    return TaskWrite(
+        usage_values(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd)
+    )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy.dialects import postgresql as dialects
 
-from shared.store import fenced, leases, postgresql, writes
+from shared.store import fenced, leases, writes
+from shared.store.backends import postgresql
 from shared.store.batch import Batch
 from shared.store.checkpoints import completion
 from shared.store.tables import utcnow

@@ -97,7 +97,7 @@ def test_a_task_runs_to_the_end_with_every_row_and_event() -> None:
 def test_a_stale_lease_writes_nothing() -> None:
     from shared.errors import LeaseLost
     from shared.store import leases, writes
-    from shared.store.backend import write_session
+    from shared.store.backends import write_session
     from shared.store.db import transaction
     from shared.store.tables import Task, TaskEvent
     from workers.step_runner import lease_step
@@ -108,7 +108,10 @@ def test_a_stale_lease_writes_nothing() -> None:
     stale = leases.Lease(**{**ctx.lease.__dict__, "epoch": ctx.lease.epoch - 1})
     with pytest.raises(LeaseLost), write_session() as session:
         writes.write(
-            session, stale, task=ctx.task, values={"steps": 1}, events=[("step.completed", {})]
+            session,
+            stale,
+            task=ctx.task,
+            change=writes.TaskWrite({"steps": 1}, (("step.completed", {}),)),
         )
     with transaction() as session:
         task = session.get(Task, task_id)

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from shared.agents.registry import Agent, Tool, get_agent, get_registry
 from shared.store import checkpoints, ledger
-from shared.store.backend import write_session
+from shared.store.backends import write_session
 from shared.store.leases import Lease
 from shared.store.tables import Step, Tenant, ToolCall
 from shared.views import TaskState

@@ -19,15 +19,16 @@ from shared.pricing import cost_usd
 from shared.queue import enqueue_step
 from shared.settings import get_settings
 from shared.store import checkpoints, ledger
-from shared.store.fenced import EventSpec
 from shared.store.tables import TaskStatus, utcnow
 from shared.store.writes import (
     CANCELLED_ERROR,
-    release_values,
-    terminal_values,
-    usage_values,
+    TaskWrite,
+    add_usage,
+    finish_task,
+    log_events,
+    release,
 )
-from shared.views import TaskState, task_document
+from shared.views import TaskState
 from workers import cancels, model_calls
 from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import ToolSchema
@@ -45,7 +46,7 @@ def check_limits(ctx: Context) -> None:
     task, lease = ctx.task, ctx.lease
     if task.cancel_requested_at is not None:
         with fenced(ctx) as writes:
-            writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+            writes.set(finish_task(TaskStatus.CANCELLED, error=CANCELLED_ERROR))
         raise TaskEnded
     if lease.step > task.max_steps:
         fail(ctx, "max_steps_exceeded", f"the task reached max_steps ({task.max_steps})")
@@ -114,14 +115,11 @@ def defer(
     lease = ctx.lease
     cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
     delay_ms = min(int(deferred.delay_s * 1000), cap_ms)
-    values = release_values(
-        lease,
-        delay_ms=delay_ms,
-        model_failures=deferred.failures,
-        waiting={**deferred.reason, "retry_in_ms": delay_ms, "model_attempts": failed},
-    )
+    waiting = {**deferred.reason, "retry_in_ms": delay_ms, "model_attempts": failed}
     with fenced(ctx) as writes:
-        writes.write(values=values)
+        writes.set(
+            release(lease, delay_ms=delay_ms, model_failures=deferred.failures, waiting=waiting)
+        )
     log.info(
         "step waits %d ms via the queue: %s",
         delay_ms,
@@ -139,16 +137,13 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     cost = cost_usd(
         task.model, input_tokens=response.input_tokens, output_tokens=response.output_tokens
     )
-    values = usage_values(
+    change = add_usage(
         input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost
-    )
-    events: list[EventSpec] = [("step.model_response", _response_event(lease.step, response, cost))]
+    ).then(log_events(("step.model_response", _response_event(lease.step, response, cost))))
     over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
     final = not response.tool_calls and not over_budget
     if over_budget or final:
-        ending, ending_events = _ending(lease.step, response, over_budget=over_budget)
-        values |= ending
-        events += ending_events
+        change = change.then(_ending(lease.step, response, over_budget=over_budget))
     call = checkpoints.ModelCall(
         response=response.to_dict(),
         input_tokens=response.input_tokens,
@@ -158,7 +153,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         started_at=answer.started_at,
     )
     with fenced(ctx) as writes:
-        writes.write(values=values, events=events)
+        writes.set(change)
         writes.add(checkpoints.model_response(lease, call, final=final))
     return final or bool(over_budget)
 
@@ -176,18 +171,17 @@ def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str
     return {"step": step, **said, "usage": usage}
 
 
-def _ending(
-    step: int, response: ModelResponse, *, over_budget: str | None
-) -> tuple[dict[str, Any], list[EventSpec]]:
-    """The values and events that end the task with this answer: failed over its budget,
-    or succeeded with the answer as its output."""
+def _ending(step: int, response: ModelResponse, *, over_budget: str | None) -> TaskWrite:
+    """What ends the task with this answer: failed over its budget, or the step completed and
+    the task succeeded with the answer as its output."""
     if over_budget:
-        error = {"type": "budget_exceeded", "message": over_budget}
-        return terminal_values(TaskStatus.FAILED, error=error), [("task.failed", task_document)]
-    values = terminal_values(
-        TaskStatus.SUCCEEDED, result={"output": response.content or ""}, steps=step
+        return finish_task(
+            TaskStatus.FAILED, error={"type": "budget_exceeded", "message": over_budget}
+        )
+    output = {"output": response.content or ""}
+    return log_events(("step.completed", {"step": step})).then(
+        finish_task(TaskStatus.SUCCEEDED, result=output, steps=step)
     )
-    return values, [("step.completed", {"step": step}), ("task.succeeded", task_document)]
 
 
 def budget_exceeded(task: TaskState, tokens: int, cost: float) -> str | None:

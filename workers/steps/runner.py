@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -28,7 +29,7 @@ from shared.queue import enqueue_step
 from shared.ratelimit.buckets import LimiterUnavailable
 from shared.settings import get_settings
 from shared.store import checkpoints, leases
-from shared.store.backend import write_session
+from shared.store.backends import write_session
 from shared.store.leases import Lease, LeaseRefused
 from shared.store.tables import TaskStatus
 from shared.views import TaskState
@@ -59,6 +60,15 @@ def advance(
         carried = advance_one(task_id, carried.lease.step, carried=carried, go_on=go_on)
     if carried is not None:
         enqueue_step(task_id, carried.next_step)
+
+
+class StepOutcome(StrEnum):
+    """How a leased step went (a metric label and a log word)."""
+
+    COMMITTED = "committed"  # the step completed; the task goes on
+    FINISHED = "finished"  # the step ended the task (an answer, a failure, a cancel)
+    ENDED = "ended"  # the step's work is over without completing it (ended, deferred)
+    FENCED = "fenced"  # the lease was lost: another worker owns the task now
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,7 @@ def advance_one(
             logs.bound(step=lease.step, lease_epoch=lease.epoch),
             tracing.step_span(task_id, lease.step, lease_epoch=lease.epoch) as span,
         ):
-            started, outcome = time.perf_counter(), "ended"
+            started, outcome = time.perf_counter(), StepOutcome.ENDED
             try:
                 outcome = run_leased(ctx)
             finally:
@@ -107,7 +117,7 @@ def advance_one(
                 log.info("step %d %s in %.1f ms", lease.step, outcome, elapsed * 1000)
         if ctx.task.status in TaskStatus.TERMINAL:
             end_task_span(ctx.task)
-    if outcome != "committed":
+    if outcome is not StepOutcome.COMMITTED:
         return None
     return Carried(ctx.history + ctx.said, lease.step + 1, leases.next_lease(lease, ctx.task))
 
@@ -169,16 +179,16 @@ def _lease_step(task_id: str, step: int | None, carried: Carried | None) -> Cont
     return ctx
 
 
-def run_leased(ctx: Context) -> str:
-    """Run the leased step; returns "committed", "finished", "ended" or "fenced"."""
+def run_leased(ctx: Context) -> StepOutcome:
+    """Run the leased step; say how it went."""
     lease = ctx.lease
     extra = {"task_id": lease.task_id, "step": lease.step, "lease_epoch": lease.epoch}
     try:
         with heartbeat.kept(lease), cancels.watching(lease.task_id):
-            return "finished" if run_step(ctx) else "committed"
+            return StepOutcome.FINISHED if run_step(ctx) else StepOutcome.COMMITTED
     except LeaseLost as exc:
         log.warning("fenced: %s", exc, extra=extra)
-        return "fenced"
+        return StepOutcome.FENCED
     except DBAPIError as exc:
         if not session_ended(exc):
             return give_up_or_fail(ctx, exc)
@@ -193,14 +203,14 @@ def run_leased(ctx: Context) -> str:
             exc.orig,
             extra=extra,
         )
-        return "fenced"
+        return StepOutcome.FENCED
     except TaskEnded:
-        return "ended"
+        return StepOutcome.ENDED
     except Exception as exc:
         return give_up_or_fail(ctx, exc)
 
 
-def give_up_or_fail(ctx: Context, exc: Exception) -> str:
+def give_up_or_fail(ctx: Context, exc: Exception) -> StepOutcome:
     """An unexpected error: if another try may go otherwise, raise it (the lease runs out and
     the step runs again, here or elsewhere); otherwise fail the task with it."""
     if transient(exc) or isinstance(exc, failpoints.InjectedFault):  # the latter: a crash
@@ -216,7 +226,7 @@ def transient(exc: Exception) -> bool:
     return isinstance(exc, RedisError | OSError | TimeoutError | LimiterUnavailable)
 
 
-def fail_on_error(ctx: Context, exc: Exception) -> str:
+def fail_on_error(ctx: Context, exc: Exception) -> StepOutcome:
     """A step that would fail the same way on every try fails its task now, with the real
     error, rather than being retried until it looks like a worker that keeps dying."""
     lease = ctx.lease
@@ -228,7 +238,7 @@ def fail_on_error(ctx: Context, exc: Exception) -> str:
     try:
         fail(ctx, "internal_error", describe(exc))
     except TaskEnded:
-        return "ended"
+        return StepOutcome.ENDED
 
 
 def describe(exc: Exception) -> str:
@@ -263,7 +273,7 @@ def run_step(ctx: Context) -> bool:
         )
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(ctx) as writes:
-            writes.write(**completion(ctx))
+            writes.set(completion(ctx))
             writes.add(checkpoints.completion(lease))
     ctx.said = said(ctx, response)
     failpoints.hit("after_step_commit")

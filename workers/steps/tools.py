@@ -13,12 +13,8 @@ from shared import failpoints
 from shared.agents.registry import Tool, ToolContext
 from shared.observability import metrics, tracing
 from shared.store import checkpoints, ledger
-from shared.store.fenced import EventSpec
 from shared.store.tables import TaskStatus
-from shared.store.writes import (
-    terminal_values,
-)
-from shared.views import task_document
+from shared.store.writes import finish_task, log_events
 from workers import cancels, tool_runner
 from workers.providers import ToolCallRequest
 from workers.steps.context import Context
@@ -119,16 +115,13 @@ def record_outcome(
         "result": outcome.result,
         "error": outcome.error,
     }
-    events: list[EventSpec] = [("step.tool_call", event)]
-    values: dict[str, Any] = {}
+    change = log_events(("step.tool_call", event))
     if end_task is not None:
-        values = terminal_values(TaskStatus.FAILED, error=end_task)
-        events.append(("task.failed", task_document))
+        change = change.then(finish_task(TaskStatus.FAILED, error=end_task))
     elif last:
-        done = completion(ctx)
-        values, events = done["values"], events + done["events"]
+        change = change.then(completion(ctx))
     with fenced(ctx) as writes:
-        writes.write(values=values, events=events)
+        writes.set(change)
         writes.add(
             ledger.outcome(call_id, status=status, result=outcome.result, error=outcome.error)
         )

@@ -3,24 +3,23 @@ webhooks and wake-ups sent once committed; and the writes that end a task from i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from shared import notify
 from shared.errors import CancelRequested
-from shared.store.backend import write_session
+from shared.store.backends import write_session
 from shared.store.batch import Part
-from shared.store.fenced import EventSpec
 from shared.store.tables import TaskStatus
 from shared.store.writes import (
     CANCELLED_ERROR,
-    progress_values,
-    terminal_values,
+    TaskWrite,
+    complete_step,
+    finish_task,
     write,
 )
-from shared.views import task_document
 from workers import webhook_sender
 from workers.steps.context import Context, worker_id
 
@@ -41,24 +40,13 @@ class Writes:
     """One fenced write, gathered in the ``fenced`` block and made when it ends."""
 
     ctx: Context
-    values: dict[str, Any] = field(default_factory=dict)
-    events: list[EventSpec] = field(default_factory=list)
+    change: TaskWrite = field(default_factory=TaskWrite)
     parts: list[Part] = field(default_factory=list)
-    honour_cancel: bool = True
     deliveries: list[str] = field(default_factory=list)
 
-    def write(
-        self, *, values: dict[str, Any] | None = None, events: Sequence[EventSpec] = ()
-    ) -> None:
-        self.values, self.events = values or {}, list(events)
-
-    def finish(self, status: str, **kwargs: Any) -> None:
-        """End the task: the terminal values and ``task.<status>`` event."""
-        self.write(
-            values=terminal_values(status, **kwargs),
-            events=[(f"task.{status}", task_document)],
-        )
-        self.honour_cancel = status != TaskStatus.CANCELLED
+    def set(self, change: TaskWrite) -> None:
+        """What the write does to the task (an intent of ``shared.store.writes``)."""
+        self.change = change
 
     def add(self, *parts: Part) -> None:
         """Checkpoint or ledger rows written with it, all or nothing."""
@@ -67,13 +55,7 @@ class Writes:
     def commit(self) -> None:
         with write_session() as session:
             written = write(
-                session,
-                self.ctx.lease,
-                task=self.ctx.task,
-                values=self.values,
-                events=self.events,
-                parts=self.parts,
-                honour_cancel=self.honour_cancel,
+                session, self.ctx.lease, task=self.ctx.task, change=self.change, parts=self.parts
             )
         self.ctx.task, self.deliveries = written.task, written.deliveries
 
@@ -88,8 +70,7 @@ def fenced(ctx: Context) -> Iterator[Writes]:
     try:
         writes.commit()
     except CancelRequested:
-        cancel = Writes(ctx)
-        cancel.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        cancel = Writes(ctx, finish_task(TaskStatus.CANCELLED, error=CANCELLED_ERROR))
         cancel.commit()
         after_commit(ctx.task.id, cancel.deliveries)
         raise TaskEnded from None
@@ -99,7 +80,7 @@ def fenced(ctx: Context) -> Iterator[Writes]:
 def cancel(ctx: Context, *parts: Part) -> NoReturn:
     """The task was cancelled while the step waited: end it now, with ``parts``."""
     with fenced(ctx) as writes:
-        writes.finish(TaskStatus.CANCELLED, error=CANCELLED_ERROR)
+        writes.set(finish_task(TaskStatus.CANCELLED, error=CANCELLED_ERROR))
         writes.add(*parts)
     raise TaskEnded
 
@@ -107,16 +88,11 @@ def cancel(ctx: Context, *parts: Part) -> NoReturn:
 def fail(ctx: Context, error_type: str, message: str, **detail: Any) -> NoReturn:
     error = {"type": error_type, "message": message, **detail}
     with fenced(ctx) as writes:
-        writes.finish(TaskStatus.FAILED, error=error)
+        writes.set(finish_task(TaskStatus.FAILED, error=error))
     raise TaskEnded
 
 
-def completion(ctx: Context) -> dict[str, Any]:
-    """The task values and event that complete the step; if this thread goes on with the
-    next step, the same write leases it (one statement fewer than a lease of its own)."""
-    lease = ctx.lease
-    next_owner = worker_id() if ctx.go_on() else None
-    return {
-        "values": progress_values(lease, next_owner=next_owner),
-        "events": [("step.completed", {"step": lease.step})],
-    }
+def completion(ctx: Context) -> TaskWrite:
+    """The write that completes the step; if this thread goes on with the next step, the same
+    write leases it (one statement fewer than a lease of its own)."""
+    return complete_step(ctx.lease, next_owner=worker_id() if ctx.go_on() else None)

@@ -5,7 +5,7 @@ calls Ratchet keeps in flight, not how fast a real model is. Each request sleeps
 loop, so hundreds of concurrent calls cost it almost no CPU (a raw ASGI app under uvicorn,
 with no framework in the way)::
 
-    python -m ratchet.llm_stub --port 9100 --latency-ms 2000 --tool-steps 2
+    python -m ratchet.bench.servers.llm_stub --port 9100 --latency-ms 2000 --tool-steps 2
 
 ``POST /v1/chat/completions`` asks for one ``calculator`` tool call while the conversation
 holds fewer than ``--tool-steps`` tool results, then answers "done". ``GET /stats`` reports
@@ -106,14 +106,14 @@ class Stub:
         body = await _read_body(receive)
         route = (scope["method"], scope["path"])
         if route == ("POST", COMPLETIONS_PATH):
-            await _send_json(send, 200, await self._complete(body))
+            await _send_json(send, 200, payload=await self._complete(body))
         elif route == ("GET", "/stats"):
-            await _send_json(send, 200, asdict(self.stats))
+            await _send_json(send, 200, payload=asdict(self.stats))
         elif route == ("POST", "/stats/reset"):
             self.stats.reset()
-            await _send_json(send, 200, asdict(self.stats))
+            await _send_json(send, 200, payload=asdict(self.stats))
         else:
-            await _send_json(send, 404, {"error": {"message": f"no route {route}"}})
+            await _send_json(send, 404, payload={"error": {"message": f"no route {route}"}})
 
     async def _complete(self, body: bytes) -> dict[str, Any]:
         started = time.monotonic()
@@ -135,7 +135,7 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+async def _send_json(send: Send, status: int, *, payload: dict[str, Any]) -> None:
     data = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})

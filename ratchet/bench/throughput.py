@@ -8,22 +8,27 @@ noisy machine hits both alike.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from typing import IO, TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import typer
 
-from ratchet.bench import _cleanup, _free_port, app, emit
+from ratchet.bench.common import bench_key, drop_tenant, emit
+from ratchet.bench.processes import (
+    Child,
+    background_cores,
+    free_port,
+    machine_busy_seconds,
+    tree_cpu_seconds,
+    wait_ok,
+    wait_until,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -33,115 +38,11 @@ SHAPES = (1, 3)  # steps per task (hops per chain)
 WARM_UP = 20  # tasks per system and shape first, unmeasured: imports, pools, caches
 SUBMITTERS = 4  # threads posting tasks to the API
 TARGET_RATIO = 0.5
-POLL_SECONDS = 0.1  # how often completion is looked for; the figures use recorded times
-STOP_SECONDS = 30.0
 _CALL: dict[str, Any] = {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]}
 SCRIPTS: dict[int, list[dict[str, Any]]] = {
     1: [{"content": "done"}],
     3: [_CALL, _CALL, {"content": "done"}],
 }
-
-
-# --- CPU, from /proc -----------------------------------------------------------------------
-
-
-def _stat_fields(pid: str) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces):
-    index 1 is the parent's PID, 11 to 14 are utime, stime, cutime and cstime."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            raw = handle.read()
-    except OSError:
-        return None  # it ended while we looked
-    return raw[raw.rindex(")") + 2 :].split()
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU time (user + system) of ``root``, its live descendants and the children they
-    reaped: a prefork worker's whole cost, however its pool processes come and go."""
-    stats = {int(pid): _stat_fields(pid) for pid in os.listdir("/proc") if pid.isdigit()}
-    children: dict[int, list[int]] = defaultdict(list)
-    for pid, fields in stats.items():
-        if fields is not None:
-            children[int(fields[1])].append(pid)
-    ticks, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        if (fields := stats.get(pid)) is not None:
-            ticks += sum(int(value) for value in fields[11:15])
-            todo += children[pid]
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float:
-    """CPU time the whole machine spent busy (all cores): the worker's share plus Postgres,
-    Redis and anything else running, which the worker's own figure leaves out."""
-    with open("/proc/stat") as handle:
-        ticks = [int(value) for value in handle.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle and iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def background_cores(seconds: float = 2.0) -> float:
-    """Cores kept busy while this bench's processes sit idle: load from elsewhere that the
-    measured runs share the machine with (a figure to read the others by)."""
-    before = machine_busy_seconds()
-    time.sleep(seconds)
-    return (machine_busy_seconds() - before) / seconds
-
-
-# --- processes ---------------------------------------------------------------------------
-
-
-@dataclass
-class Child:
-    """A process this bench started; its output is kept to explain a failed start or a crash."""
-
-    proc: subprocess.Popen[bytes]
-    output: IO[bytes]
-
-    def tail(self) -> str:
-        self.output.seek(0)
-        return self.output.read().decode(errors="replace")[-2000:]
-
-
-def _stop(child: Child) -> None:
-    """Terminate, then kill what is left of its process group (a worker's pool processes)."""
-    import signal
-
-    if child.proc.poll() is None:
-        child.proc.terminate()
-        with suppress(subprocess.TimeoutExpired):
-            child.proc.wait(timeout=STOP_SECONDS)
-    with suppress(ProcessLookupError):
-        os.killpg(child.proc.pid, signal.SIGKILL)
-    child.proc.wait()
-
-
-@contextmanager
-def spawned(argv: list[str], *, env: dict[str, str]) -> Iterator[Child]:
-    """``argv`` running in a process group of its own while the context lasts."""
-    with tempfile.TemporaryFile() as output:
-        proc = subprocess.Popen(
-            argv, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        child = Child(proc, output)
-        try:
-            yield child
-        finally:
-            _stop(child)
-
-
-def _wait_for(check: Callable[[], bool], *, what: str, child: Child, seconds: float) -> None:
-    """Wait until ``check()`` holds; fail, showing the end of ``child``'s output, as soon as
-    the child exits or ``seconds`` pass."""
-    deadline = time.time() + seconds
-    while not check():
-        code = child.proc.poll()
-        if code is not None or time.time() > deadline:
-            why = f"it exited ({code})" if code is not None else f"not within {seconds:.0f} s"
-            raise RuntimeError(f"{what}: {why}; its output ends:\n{child.tail()}")
-        time.sleep(POLL_SECONDS)
 
 
 @dataclass
@@ -159,26 +60,26 @@ class Worker:
             return bool(self.control.control.ping(destination=[self.hostname], timeout=0.5))
 
         what = f"worker {self.hostname} did not start"
-        _wait_for(answers, what=what, child=self.child, seconds=120)
+        wait_until(answers, what=what, child=self.child, seconds=120)
 
     def pause(self) -> None:
         replies = self.control.control.cancel_consumer(
             self.queue, destination=[self.hostname], reply=True
         )
-        self._check(replies, "pause")
+        self._check(replies, action="pause")
 
     def resume(self) -> None:
         replies = self.control.control.add_consumer(
             self.queue, destination=[self.hostname], reply=True
         )
-        self._check(replies, "resume")
+        self._check(replies, action="resume")
 
     def cpu_seconds(self) -> float:
-        return tree_cpu_seconds(self.child.proc.pid)
+        return tree_cpu_seconds(self.child.pid)
 
-    def _check(self, replies: Any, what: str) -> None:
+    def _check(self, replies: Any, *, action: str) -> None:
         if not any("ok" in reply.get(self.hostname, {}) for reply in replies or []):
-            raise RuntimeError(f"worker {self.hostname} did not {what}: {replies!r}")
+            raise RuntimeError(f"worker {self.hostname} did not {action}: {replies!r}")
 
 
 class System(Protocol):
@@ -186,7 +87,7 @@ class System(Protocol):
 
     worker: Worker
 
-    def load(self, steps: int, count: int) -> None: ...
+    def load(self, steps: int, *, count: int) -> None: ...
 
     def done(self) -> bool: ...
 
@@ -198,7 +99,8 @@ class System(Protocol):
 # --- Ratchet -----------------------------------------------------------------------------
 
 
-def _post_many(url: str, key: str, body: dict[str, Any], count: int) -> list[str]:
+def _post_many(count: int, *, url: str, key: str, body: dict[str, Any]) -> list[str]:
+    """Post ``count`` tasks one after another on one keep-alive client; their ids."""
     import httpx
 
     headers = {"Authorization": f"Bearer {key}"}
@@ -221,7 +123,7 @@ class Ratchet:
     ids: list[str] = field(default_factory=list)
     submit_per_s: float = 0.0
 
-    def load(self, steps: int, count: int) -> None:
+    def load(self, steps: int, *, count: int) -> None:
         body: dict[str, Any] = {
             "input": "benchmark",
             "model": "scripted",
@@ -233,7 +135,7 @@ class Ratchet:
         shares = [each + (i < extra) for i in range(SUBMITTERS)]
         started = time.perf_counter()
         with ThreadPoolExecutor(SUBMITTERS) as pool:
-            batches = pool.map(partial(_post_many, self.url, self.key, body), shares)
+            batches = pool.map(partial(_post_many, url=self.url, key=self.key, body=body), shares)
             self.ids = [task_id for batch in batches for task_id in batch]
         self.submit_per_s = count / (time.perf_counter() - started)
 
@@ -267,36 +169,20 @@ class Ratchet:
         }
 
 
-def _bench_tenant_and_key() -> tuple[str, str]:
-    from shared.store.db import transaction
-    from shared.store.tenants import create_key, create_tenant
-
-    with transaction() as session:
-        tenant = create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}")
-        return tenant.id, create_key(session, tenant, ("tasks:read", "tasks:write"))
-
-
 def start_ratchet(stack: ExitStack, run: str, *, key: str, processes: int) -> Ratchet:
     """``ratchet api`` and ``ratchet worker`` on a queue of this run's own, the worker paused."""
-    import httpx
-
     from shared.queue import get_celery
 
     env = {**os.environ, "RATCHET_QUEUE_NAME": f"bench-{run}"}
-    command, port = [sys.executable, "-m", "ratchet"], _free_port()
-    api = stack.enter_context(spawned([*command, "api", "--port", str(port)], env=env))
+    port = free_port()
+    api = stack.enter_context(
+        Child("ratchet", "api", "--port", str(port), env=env, keep_stdout=True)
+    )
     hostname = f"ratchet-{run}@bench"
     options = ["--concurrency", str(processes), "--loglevel", "WARNING", "--hostname", hostname]
-    child = stack.enter_context(spawned([*command, "worker", *options], env=env))
+    child = stack.enter_context(Child("ratchet", "worker", *options, env=env, keep_stdout=True))
     url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    _wait_for(ready, what="ratchet api did not start", child=api, seconds=60)
+    wait_ok(f"{url}/readyz", api)
     worker = Worker(get_celery(), hostname, env["RATCHET_QUEUE_NAME"], child)
     worker.wait_ready()
     return Ratchet(worker, url, key)
@@ -312,8 +198,8 @@ class Chain:
     worker: Worker
     count: int = 0
 
-    def load(self, steps: int, count: int) -> None:
-        from ratchet.bench_chain import done_key, send_hop
+    def load(self, steps: int, *, count: int) -> None:
+        from ratchet.bench.servers.chain import done_key, send_hop
 
         _redis().delete(done_key(self.worker.queue))
         for number in range(count):
@@ -321,12 +207,12 @@ class Chain:
         self.count = count
 
     def done(self) -> bool:
-        from ratchet.bench_chain import done_key
+        from ratchet.bench.servers.chain import done_key
 
         return cast(int, _redis().llen(done_key(self.worker.queue))) >= self.count
 
     def outcome(self) -> dict[str, Any]:
-        from ratchet.bench_chain import done_key
+        from ratchet.bench.servers.chain import done_key
 
         ends = cast(list[bytes], _redis().lrange(done_key(self.worker.queue), 0, -1))
         return {"ended_at": max(float(end) for end in ends), "completed": len(ends)}
@@ -343,14 +229,15 @@ def _redis() -> redis.Redis:
 
 def start_chain(stack: ExitStack, run: str, *, processes: int) -> Chain:
     """The chain's worker, with the options Ratchet's worker runs with, paused."""
-    from ratchet.bench_chain import app as chain_app
+    from ratchet.bench.servers.chain import app as chain_app
 
     queue, hostname = f"bench-chain-{run}", f"chain-{run}@bench"
-    argv = [sys.executable, "-m", "celery", "-A", "ratchet.bench_chain", "worker"]
+    argv = ["celery", "-A", "ratchet.bench.servers.chain", "worker"]
     argv += ["--pool", "prefork", "--concurrency", str(processes), "--prefetch-multiplier", "1"]
     argv += ["-Q", queue, "--hostname", hostname, "--loglevel", "WARNING"]
     argv += ["--without-gossip", "--without-mingle"]
-    child = stack.enter_context(spawned(argv, env={**os.environ, "RATCHET_QUEUE_NAME": queue}))
+    env = {**os.environ, "RATCHET_QUEUE_NAME": queue}
+    child = stack.enter_context(Child(*argv, env=env, keep_stdout=True))
     worker = Worker(chain_app, hostname, queue, child)
     worker.wait_ready()
     return Chain(worker)
@@ -363,12 +250,12 @@ def measure(system: System, steps: int, *, count: int, timeout: float) -> dict[s
     """Load ``count`` tasks of ``steps`` steps while the worker is paused, then time it from
     resuming to the last task's end; CPU is counted over the same span."""
     system.worker.pause()
-    system.load(steps, count)
+    system.load(steps, count=count)
     cpu, machine = system.worker.cpu_seconds(), machine_busy_seconds()
     started = time.time()
     system.worker.resume()
     what = f"{count} tasks of {steps} steps did not finish"
-    _wait_for(system.done, what=what, child=system.worker.child, seconds=timeout)
+    wait_until(system.done, what=what, child=system.worker.child, seconds=timeout)
     cpu, machine = system.worker.cpu_seconds() - cpu, machine_busy_seconds() - machine
     figures = system.outcome()
     seconds = figures.pop("ended_at") - started
@@ -423,7 +310,7 @@ def verdict(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[st
 
 def _forget(run: str) -> None:
     """Delete the Redis keys this run made: its queues, their bindings, the chain's ends."""
-    from ratchet.bench_chain import done_key
+    from ratchet.bench.servers.chain import done_key
 
     client = _redis()
     for queue in (f"bench-{run}", f"bench-{run}.webhooks", f"bench-chain-{run}"):
@@ -432,8 +319,8 @@ def _forget(run: str) -> None:
         )
 
 
-@app.command()
 def throughput(
+    *,
     tasks: int = typer.Option(300, help="tasks (and chains) per shape"),
     processes: int = typer.Option(2, help="worker processes, the same for both"),
     rounds: int = typer.Option(3, help="measured runs of each; the median run is reported"),
@@ -456,20 +343,19 @@ def throughput(
     After a warm-up, each shape runs ``--rounds`` times on both, taking turns; the median run
     of each is reported, and the ratio is of the medians.
     """
-    from shared.store.db import get_engine, require_migrated
+    from shared.store.db import get_engine
 
     if get_engine().dialect.name != "postgresql":
         raise typer.BadParameter("set RATCHET_DATABASE_URL to a PostgreSQL database")
-    require_migrated()
+    tenant_id, key = bench_key()  # once the database is known to be migrated
     run = uuid.uuid4().hex[:8]
-    tenant_id, key = _bench_tenant_and_key()
     try:
         with ExitStack() as stack:
             ratchet = start_ratchet(stack, run, key=key, processes=processes)
             chain = start_chain(stack, run, processes=processes)
             report = compare(ratchet, chain, tasks=tasks, rounds=rounds, timeout=timeout)
     finally:
-        _cleanup(tenant_id)
+        drop_tenant(tenant_id)
         _forget(run)
     target = f">= {TARGET_RATIO}x the raw Celery chain"
     emit("throughput", {"processes": processes, "tasks": tasks, **report, "target": target})

@@ -6,17 +6,17 @@ batch runs, and whether this process may sweep.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from sqlalchemy import Row
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from shared.store.batch import Batch, run_in_turn
-from shared.store.db import get_engine, transaction
-from shared.store.postgresql import PostgreSQL
+from shared.store.backends.postgresql import PostgreSQL
+from shared.store.backends.sqlite import SQLite
+from shared.store.batch import Batch
+from shared.store.db import get_engine
 
 
 class Backend(Protocol):
@@ -29,27 +29,6 @@ class Backend(Protocol):
     def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None: ...
 
     def try_sweep_lock(self, session: Session, lock_id: int) -> bool: ...
-
-
-class SQLite:
-    """The backend of the embedded default: one process, one writer at a time."""
-
-    name = "sqlite"
-
-    @contextmanager
-    def write_session(self, *, heartbeat: bool = False) -> Iterator[Session]:
-        """An ordinary transaction, committed at the end; a batch runs in it in turn."""
-        with transaction() as session:
-            yield session
-
-    def fetch_one(self, session: Session, statement: Any, params: dict[str, Any]) -> Any | None:
-        return session.execute(statement, params).one_or_none()
-
-    def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None:
-        return run_in_turn(session, batch)
-
-    def try_sweep_lock(self, session: Session, lock_id: int) -> bool:
-        return True  # one process sweeps: the embedded default's own
 
 
 BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite()}

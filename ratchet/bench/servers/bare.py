@@ -5,7 +5,7 @@ answers 202: what accepting a submission costs with nothing between the request 
 INSERT (no key lookup, no validation beyond JSON, no events, no queue). The benchmark creates
 and drops the table and serves this with uvicorn in a process of its own::
 
-    python -m uvicorn ratchet.bench_bare:create_app --factory --port 9200
+    python -m uvicorn ratchet.bench.servers.bare:create_app --factory --port 9200
 """
 
 from __future__ import annotations
@@ -16,24 +16,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-# psycopg and FastAPI load in the server only: ``ratchet`` imports the benchmarks (and so
-# libpq_url) on every start.
+from ratchet.bench.common import libpq_url
+
+# psycopg and FastAPI load when the app is made: in the server, not in whatever imports this.
 if TYPE_CHECKING:
     import psycopg
     from fastapi import FastAPI
 
 CONNECTIONS = 10  # enough that the server's CPU, not a wait for a connection, sets the pace
 INSERT = "INSERT INTO bench_bare (id, body) VALUES (%s, %s)"
-
-
-def libpq_url() -> str:
-    """The configured database as psycopg takes it (no SQLAlchemy driver suffix)."""
-    from sqlalchemy.engine import make_url
-
-    from shared.settings import get_settings
-
-    url = make_url(get_settings().effective_database_url).set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
 
 
 class Connections:

@@ -19,8 +19,7 @@ from typing import Any
 
 import typer
 
-from ratchet.bench import _bench_tenant, _cleanup, _new_task, app, emit
-from ratchet.bench_load import _drop_queue
+from ratchet.bench.common import bench_tenant, drop_queue, drop_tenant, emit, new_task
 from shared.settings import get_settings
 
 SAMPLE = 10  # steps averaged at each end
@@ -33,10 +32,10 @@ def _script(steps: int) -> list[dict[str, Any]]:
 
 def _timed_steps(run: Callable[[], None]) -> list[tuple[float, float]]:
     """(CPU, wall) seconds of every step ``run`` makes, in order."""
-    from workers import step_runner
+    from workers.steps import runner
 
     timings: list[tuple[float, float]] = []
-    original = step_runner.advance_one
+    original = runner.advance_one
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         cpu, wall = time.thread_time(), time.perf_counter()
@@ -45,11 +44,11 @@ def _timed_steps(run: Callable[[], None]) -> list[tuple[float, float]]:
         finally:
             timings.append((time.thread_time() - cpu, time.perf_counter() - wall))
 
-    step_runner.advance_one = timed
+    runner.advance_one = timed
     try:
         run()
     finally:
-        step_runner.advance_one = original
+        runner.advance_one = original
     return timings
 
 
@@ -66,20 +65,20 @@ def _ends(timings: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def _in_place(task_id: str) -> None:
-    from workers import step_runner
+    from workers.steps import runner
 
-    step_runner.advance(task_id, 1, go_on=lambda: True)
+    runner.advance(task_id, 1, go_on=lambda: True)
 
 
 def _message_per_step(task_id: str, steps: int) -> None:
-    from workers import step_runner
+    from workers.steps import runner
 
     for number in range(1, steps + 1):
-        step_runner.advance(task_id, number)
+        runner.advance(task_id, number)
 
 
-@app.command()
 def history(
+    *,
     steps: int = typer.Option(200, help="steps of the task (at most max_steps_limit)"),
 ) -> None:
     """The cost of a step near the end of a long task against one near its start."""
@@ -89,15 +88,15 @@ def history(
     queue = f"bench-{uuid.uuid4().hex[:8]}"  # where the baseline's next-step messages go
     os.environ["RATCHET_QUEUE_NAME"] = queue
     get_settings.cache_clear()
-    tenant_id = _bench_tenant()
+    tenant_id = bench_tenant()
     try:
-        carried = _new_task(tenant_id, _script(steps))
+        carried = new_task(tenant_id, _script(steps))
         in_place = _timed_steps(lambda: _in_place(carried))
-        rebuilt = _new_task(tenant_id, _script(steps))
+        rebuilt = new_task(tenant_id, _script(steps))
         baseline = _timed_steps(lambda: _message_per_step(rebuilt, steps))
     finally:
-        _cleanup(tenant_id)
-        _drop_queue(queue)
+        drop_tenant(tenant_id)
+        drop_queue(queue)
     emit(
         "history",
         {

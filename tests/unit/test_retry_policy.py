@@ -1,0 +1,274 @@
+"""Which failures are worth another try.
+
+A provider's error is transient (a timeout, a lost connection, a 429, a 5xx: retried, the
+429 after its Retry-After) or permanent (the request is wrong: the task fails). A step's own
+error is transient when the database or Redis is out of reach, and otherwise fails the task
+with a message a client may read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import anthropic
+import httpx
+import openai
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.exceptions import ConnectionError as RedisConnectionError
+from sqlalchemy.exc import (
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+)
+
+from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
+from shared.failpoints import InjectedFault
+from shared.ratelimit.buckets import LimiterUnavailable
+from workers.providers import anthropic as anthropic_provider
+from workers.providers import openai as openai_provider
+from workers.providers.base import classify_error, parse_retry_after
+from workers.steps.context import Context
+from workers.steps.runner import describe, give_up_or_fail, session_ended, transient
+
+# --- classify_error, with an SDK's three error classes -------------------------------------------
+
+
+class Timeout(Exception):
+    pass
+
+
+class Connection(Exception):
+    pass
+
+
+class Status(Exception):
+    def __init__(self, status_code: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__("refused")
+        self.status_code = status_code
+        self.message = "refused"
+        self.response = type("Response", (), {"headers": headers or {}})()
+
+
+def classify(exc: Exception, **kwargs: Any) -> Exception:
+    return classify_error(exc, timeout=Timeout, connection=Connection, status=Status, **kwargs)
+
+
+@pytest.mark.parametrize("code", [408, 500, 503, 599])
+def test_timeouts_and_server_errors_are_transient(code: int) -> None:
+    error = classify(Status(code))
+    assert isinstance(error, ModelTransientError)
+    assert not isinstance(error, ModelRateLimited)
+    assert str(code) in str(error)
+
+
+@pytest.mark.parametrize("code", [400, 401, 404, 422])
+def test_client_errors_are_permanent(code: int) -> None:
+    assert isinstance(classify(Status(code)), ModelPermanentError)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (Timeout(), ModelTransientError),
+        (Connection("reset by peer"), ModelTransientError),
+        (ValueError("a bug in the SDK glue"), ModelPermanentError),
+    ],
+)
+def test_timeouts_and_lost_connections_are_transient_anything_unknown_permanent(
+    exc: Exception, kind: type[Exception]
+) -> None:
+    assert type(classify(exc)) is kind
+
+
+def test_a_provider_may_name_more_transient_statuses() -> None:
+    assert isinstance(classify(Status(425)), ModelPermanentError)
+    assert isinstance(classify(Status(425), transient_statuses=(425,)), ModelTransientError)
+
+
+@pytest.mark.parametrize(
+    ("code", "headers", "kind", "retry_after"),
+    [
+        (429, {"retry-after": "12"}, ModelRateLimited, 12.0),
+        (429, {}, ModelRateLimited, None),  # no header: the policy's own backoff decides
+        (503, {"retry-after": "3"}, ModelTransientError, 3.0),
+    ],
+)
+def test_a_429_is_rate_limited_and_any_transient_status_carries_its_retry_after(
+    code: int, headers: dict[str, str], kind: type[Exception], retry_after: float | None
+) -> None:
+    error = classify(Status(code, headers))
+    assert type(error) is kind
+    assert isinstance(error, ModelTransientError)
+    assert error.retry_after == retry_after
+
+
+# --- the SDKs' own errors, as their providers map them -------------------------------------------
+
+REQUEST = httpx.Request("POST", "https://provider.invalid/v1/chat")
+
+
+def response(code: int, **headers: str) -> httpx.Response:
+    return httpx.Response(code, headers=headers, request=REQUEST)
+
+
+def test_openai_errors_map_to_the_same_rule() -> None:
+    limited = openai_provider.map_error(
+        openai.RateLimitError(
+            "slow down", response=response(429, **{"Retry-After": "7"}), body=None
+        )
+    )
+    assert isinstance(limited, ModelRateLimited)
+    assert limited.retry_after == 7.0
+    assert isinstance(
+        openai_provider.map_error(openai.APITimeoutError(request=REQUEST)), ModelTransientError
+    )
+    assert isinstance(
+        openai_provider.map_error(openai.APIConnectionError(request=REQUEST)), ModelTransientError
+    )
+    bad = openai.BadRequestError("no such model", response=response(400), body=None)
+    assert isinstance(openai_provider.map_error(bad), ModelPermanentError)
+
+
+@pytest.mark.parametrize(("code", "kind"), [(529, ModelTransientError), (401, ModelPermanentError)])
+def test_anthropic_overloaded_is_transient_and_a_bad_key_permanent(
+    code: int, kind: type[Exception]
+) -> None:
+    error = anthropic.APIStatusError("no", response=response(code), body=None)
+    assert isinstance(anthropic_provider.map_error(error), kind)
+
+
+# --- Retry-After ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("7", 7.0),
+        ("0.25", 0.25),
+        ("0", 0.0),
+        ("-5", 0.0),  # never a negative wait
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date gone by: no wait
+        (None, None),
+        ("", None),
+        ("soon", None),
+    ],
+)
+def test_retry_after_is_read_as_seconds_or_an_http_date(
+    header: str | None, seconds: float | None
+) -> None:
+    assert parse_retry_after(header) == seconds
+
+
+def test_a_retry_after_date_to_come_is_the_time_until_then() -> None:
+    wait = parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT")
+    assert wait is not None
+    assert wait > 100 * 365 * 86400
+
+
+@given(seconds=st.floats(min_value=0, max_value=1e9, allow_nan=False))
+def test_delta_seconds_are_read_exactly(seconds: float) -> None:
+    assert parse_retry_after(repr(seconds)) == seconds
+
+
+@given(header=st.text(max_size=40))
+def test_any_retry_after_header_is_a_wait_of_zero_or_more_or_none(header: str) -> None:
+    wait = parse_retry_after(header)
+    assert wait is None or wait >= 0
+
+
+# --- a step's own errors -------------------------------------------------------------------------
+
+
+class DriverError(Exception):
+    """A database driver's error, with the SQLSTATE it carries."""
+
+    def __init__(self, message: str = "", sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def db_error(
+    kind: type[DBAPIError] = DBAPIError,
+    sqlstate: str | None = None,
+    *,
+    invalidated: bool = False,
+    message: str = "it went wrong",
+) -> DBAPIError:
+    return kind(
+        "UPDATE tasks SET secret = %(b_secret)s",
+        {"b_secret": "hunter2"},
+        DriverError(message, sqlstate),
+        connection_invalidated=invalidated,
+    )
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (db_error(OperationalError, "53300"), True),  # too many connections
+        (db_error(InterfaceError), True),
+        (db_error(ProgrammingError, "57P01"), True),  # admin shutdown: the session ended
+        (db_error(DataError, "08006"), True),  # connection failure
+        (db_error(IntegrityError, "23505"), False),  # a unique violation: the same next time
+        (db_error(DBAPIError, invalidated=True), True),
+        (RedisConnectionError("down"), True),
+        (TimeoutError(), True),
+        (OSError("no route to host"), True),
+        (LimiterUnavailable("redis is away"), True),
+        (ValueError("bad value"), False),
+        (AssertionError(), False),
+    ],
+)
+def test_only_errors_another_try_may_escape_are_transient(exc: Exception, expected: bool) -> None:
+    assert transient(exc) is expected
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "invalidated", "ended"),
+    [
+        ("25P03", False, True),  # idle in transaction too long
+        ("08003", False, True),
+        ("57P01", False, True),
+        ("40001", False, False),  # a serialization failure is a statement's, not the session's
+        ("23505", False, False),
+        (None, False, False),
+        (None, True, True),
+    ],
+)
+def test_the_session_ended_when_the_database_dropped_it_not_when_it_refused_a_statement(
+    sqlstate: str | None, invalidated: bool, ended: bool
+) -> None:
+    assert session_ended(db_error(sqlstate=sqlstate, invalidated=invalidated)) is ended
+
+
+def test_a_database_error_is_described_by_the_driver_error_without_sql_or_parameters() -> None:
+    text = describe(db_error(IntegrityError, "23505", message="duplicate key\nDETAIL: (id)=(1)"))
+    assert text == "DriverError: duplicate key"
+    assert "UPDATE" not in text
+    assert "hunter2" not in text
+
+
+@given(message=st.text(max_size=2000))
+def test_a_description_is_one_line_of_at_most_500_characters(message: str) -> None:
+    text = describe(RuntimeError(message))
+    assert text.startswith("RuntimeError: ")
+    assert len(text) <= 500
+    assert len(text.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [db_error(OperationalError, "08006"), OSError("unreachable"), InjectedFault("crash here")],
+)
+def test_a_transient_error_or_an_injected_crash_is_raised_for_the_step_to_run_again(
+    exc: Exception,
+) -> None:
+    # None of these fails the task, so the step context is never read.
+    with pytest.raises(type(exc)) as raised:
+        give_up_or_fail(cast(Context, None), exc)
+    assert raised.value is exc
