@@ -193,7 +193,7 @@ def test_a_long_wait_releases_the_worker_and_the_timeline_says_why(
     drive: Callable[..., str],
     rate_limits: Callable[[str], None],
 ) -> None:
-    from workers import step_runner
+    from workers.steps import runner
 
     model = f"scripted:{uuid.uuid4().hex[:8]}"
     rate_limits(f'{{"models": {{"{model}": {{"requests": 1, "per_seconds": 2}}}}}}')
@@ -206,7 +206,7 @@ def test_a_long_wait_releases_the_worker_and_the_timeline_says_why(
     assert drive(first.json()["id"]) == "succeeded"
 
     started = time.monotonic()
-    step_runner.advance(second.json()["id"], 1)  # the bucket is empty: defer, do not sleep
+    runner.advance(second.json()["id"], 1)  # the bucket is empty: defer, do not sleep
     assert time.monotonic() - started < 1.0
     timeline = client.get(f"/v1/tasks/{second.json()['id']}/steps", headers=tenant.headers).json()
     assert timeline["items"] == []
@@ -225,7 +225,7 @@ def test_limiter_outage_never_lets_a_call_through(
     rate_limits: Callable[[str], None],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from workers import step_runner
+    from workers.steps import runner
 
     model = f"scripted:{uuid.uuid4().hex[:8]}"
     rate_limits(f'{{"models": {{"{model}": {{"requests": 100}}}}}}')
@@ -236,7 +236,7 @@ def test_limiter_outage_never_lets_a_call_through(
     from shared.settings import get_settings
 
     get_settings.cache_clear()
-    step_runner.advance(task_id, 1)
+    runner.advance(task_id, 1)
     timeline = client.get(f"/v1/tasks/{task_id}/steps", headers=tenant.headers).json()
     assert timeline["items"] == []
     assert timeline["waiting"]["reason"] == "limiter_unavailable"

@@ -68,7 +68,7 @@ def test_a_task_runs_to_the_end_with_every_row_and_event() -> None:
     from shared.store.db import transaction
     from shared.store.tables import Step, Task, TaskEvent, ToolCall
     from shared.views import task_document
-    from workers.step_runner import advance
+    from workers.steps.runner import advance
 
     task_id = new_task(3)
     for step in (1, 2, 3):
@@ -100,7 +100,7 @@ def test_a_stale_lease_writes_nothing() -> None:
     from shared.store.backends import write_session
     from shared.store.db import transaction
     from shared.store.tables import Task, TaskEvent
-    from workers.step_runner import lease_step
+    from workers.steps.runner import lease_step
 
     task_id = new_task(2)
     ctx = lease_step(task_id, 1)
