@@ -110,7 +110,8 @@ class InputMessage(BaseModel):
 
 
 class Budget(BaseModel):
-    """Limits that end the task (failed, with the reason in ``error``) once reached."""
+    """Limits that end the task (failed, with the reason in ``error``) when a model call takes
+    it past one: a task may use its budget exactly."""
 
     model_config = FINITE
 

@@ -57,6 +57,13 @@ def test_a_task_may_spend_its_cost_budget_exactly_and_not_a_cent_more() -> None:
     assert budget_exceeded(task, 0, 0.51) == "the task cost $2.0100, over its budget of $2.0"
 
 
+def test_costs_that_add_up_to_the_budget_exactly_are_not_over_it() -> None:
+    # 0.1 + 0.2 is 0.30000000000000004 in floating point: still exactly the budget.
+    task = task_state(budget={"max_cost_usd": 0.3}, cost_usd=0.1)
+    assert budget_exceeded(task, 0, 0.2) is None
+    assert budget_exceeded(task, 0, 0.2001) is not None
+
+
 def test_only_the_limits_a_budget_sets_apply() -> None:
     tokens_only = task_state(budget={"max_tokens": 100})
     cost_only = task_state(budget={"max_cost_usd": 1.0})

@@ -178,7 +178,13 @@ def test_delta_seconds_are_read_exactly(seconds: float) -> None:
 @given(header=st.text(max_size=40))
 def test_any_retry_after_header_is_a_wait_of_zero_or_more_or_none(header: str) -> None:
     wait = parse_retry_after(header)
-    assert wait is None or wait >= 0
+    assert wait is None or 0 <= wait < float("inf")
+
+
+@pytest.mark.parametrize("header", ["inf", "Infinity", "1e999", "nan", "-inf"])
+def test_a_retry_after_that_is_no_finite_wait_is_ignored(header: str) -> None:
+    # An infinite wait would overflow the step's milliseconds and fail the task.
+    assert parse_retry_after(header) is None
 
 
 # --- a step's own errors -------------------------------------------------------------------------

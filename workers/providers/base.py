@@ -10,6 +10,7 @@ from __future__ import annotations
 import email.utils
 import itertools
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -123,13 +124,16 @@ def parse_arguments(raw: str | None) -> tuple[dict[str, Any], str | None]:
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    """``Retry-After`` in seconds, from either delta-seconds or an HTTP-date."""
+    """``Retry-After`` in seconds, from either delta-seconds or an HTTP-date; None if it is
+    neither (``inf`` and ``nan`` are no wait a step could keep)."""
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         moment = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

@@ -190,6 +190,8 @@ def budget_exceeded(task: TaskState, tokens: int, cost: float) -> str | None:
     total_tokens = task.input_tokens + task.output_tokens + tokens
     if max_tokens is not None and total_tokens > max_tokens:
         return f"the task used {total_tokens} tokens, over its budget of {max_tokens}"
-    if max_cost is not None and task.cost_usd + cost > max_cost:
-        return f"the task cost ${task.cost_usd + cost:.4f}, over its budget of ${max_cost}"
+    # Rounded: costs are sums of small floats, and $0.10 + $0.20 is not over a $0.30 budget.
+    total_cost = round(task.cost_usd + cost, 9)
+    if max_cost is not None and total_cost > max_cost:
+        return f"the task cost ${total_cost:.4f}, over its budget of ${max_cost}"
     return None
