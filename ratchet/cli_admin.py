@@ -217,10 +217,10 @@ def webhooks_add_endpoint(
     """Add a default endpoint: it receives these events of every task of the tenant."""
     from shared.errors import EgressDenied
     from shared.settings import get_settings
-    from shared.store import outbox
     from shared.store.db import require_migrated, transaction
     from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
     from shared.store.tenants import get_tenant_by_name
+    from shared.webhooks import deliveries as webhook_deliveries
     from shared.webhooks.egress import check_url
 
     require_migrated()
@@ -241,5 +241,5 @@ def webhooks_add_endpoint(
         ) from None
     with transaction() as session:
         tenant_id = get_tenant_by_name(session, tenant).id
-        endpoint = outbox.add_endpoint(session, tenant_id, url=url, events=events)
+        endpoint = webhook_deliveries.add_endpoint(session, tenant_id, url=url, events=events)
     typer.echo(endpoint.id)

@@ -22,9 +22,10 @@ from sqlalchemy import select
 
 from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
-from shared.store import outbox, tasks
+from shared.store import tasks
 from shared.store.backends import backend_of, write_session
 from shared.store.db import now_ms, transaction
+from shared.webhooks import deliveries as webhook_deliveries
 
 log = logging.getLogger("ratchet.sweeper")
 SWEEP_LOCK_ID = 0x5241544348  # "RATCH"
@@ -52,13 +53,13 @@ def sweep_once() -> int:
         steps_before = _waiting_since(steps_sent, offset)
         sends_before = _waiting_since(sends_sent, offset)
         candidates = tasks.due_for_sweep(session, grace_ms=grace_ms, sent_before_ms=steps_before)
-        lost_sends = outbox.due(session, grace_ms=grace_ms, sent_before_ms=sends_before)
+        lost_sends = webhook_deliveries.due(session, grace_ms=grace_ms, sent_before_ms=sends_before)
     with write_session() as session:
         ids = [task_id for task_id, _ in candidates]
         overdue = tasks.mark_redispatched(
             session, ids, grace_ms=grace_ms, sent_before_ms=steps_before
         )
-        deliveries = outbox.mark_redispatched(
+        deliveries = webhook_deliveries.mark_redispatched(
             session, lost_sends, grace_ms=grace_ms, sent_before_ms=sends_before
         )
     for task_id, step in overdue:

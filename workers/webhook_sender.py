@@ -23,6 +23,7 @@ from shared.settings import get_settings
 from shared.store import outbox
 from shared.store.db import transaction
 from shared.store.tables import WebhookDelivery, utcnow
+from shared.webhooks import deliveries as webhook_deliveries
 from shared.webhooks import secrets as webhook_secrets
 from shared.webhooks.egress import Destination, check_url, pinned_request
 from shared.webhooks.signing import sign
@@ -77,12 +78,12 @@ def deliver(delivery_id: str) -> str | None:
     """Try to send one delivery; returns its new status, or None if it was not ours to send."""
     settings = get_settings()
     with transaction() as session:
-        delivery = outbox.claim(session, delivery_id, claim_ms=CLAIM_MS)
+        delivery = webhook_deliveries.claim(session, delivery_id, claim_ms=CLAIM_MS)
         if delivery is None:
             return None
-        disabled = outbox.target_disabled(session, delivery)
+        disabled = webhook_deliveries.target_disabled(session, delivery)
         if disabled:
-            outbox.mark_disabled(session, delivery, disabled)
+            webhook_deliveries.mark_disabled(session, delivery, disabled)
             return outbox.DISABLED
         secrets = webhook_secrets.signing(session, delivery.tenant_id)
     try:
@@ -91,11 +92,13 @@ def deliver(delivery_id: str) -> str | None:
         )
     except EgressDenied as exc:
         with transaction() as session:
-            outbox.fail_permanently(session, delivery, f"refused by the egress policy: {exc}")
+            webhook_deliveries.fail_permanently(
+                session, delivery, f"refused by the egress policy: {exc}"
+            )
         return outbox.FAILED
     result = send(delivery, destination, secrets)
     with transaction() as session:
-        status, delay = outbox.record_attempt(
+        status, delay = webhook_deliveries.record_attempt(
             session, delivery, result, schedule=settings.webhook_retry_schedule
         )
     if status == outbox.SUPERSEDED:  # our claim ran out; another sender owns it now
@@ -113,7 +116,7 @@ def deliver(delivery_id: str) -> str | None:
 
 def send(
     delivery: WebhookDelivery, destination: Destination, secrets: list[str]
-) -> outbox.AttemptResult:
+) -> webhook_deliveries.AttemptResult:
     """One signed POST of the delivery's payload; any outcome is an AttemptResult."""
     body = json.dumps(delivery.payload, separators=(",", ":")).encode()
     msg_id = f"msg_{delivery.id}"
@@ -137,7 +140,7 @@ def send(
             error = f"the receiver answered {status_code}: {response.text[:200]}"
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
-    return outbox.AttemptResult(
+    return webhook_deliveries.AttemptResult(
         started_at=started_at,
         status_code=status_code,
         latency_ms=int((time.perf_counter() - started) * 1000),

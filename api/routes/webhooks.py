@@ -14,8 +14,9 @@ from api.params import cursor_after
 from api.problems import responses
 from shared.queue import enqueue_deliveries
 from shared.settings import get_settings
-from shared.store import outbox, tasks
+from shared.store import tasks
 from shared.views import aware
+from shared.webhooks import deliveries as webhook_deliveries
 from shared.webhooks import secrets as webhook_secrets
 
 router = APIRouter(tags=["webhooks"])
@@ -99,7 +100,9 @@ def list_deliveries(
     after = cursor_after(cursor)
     with session.begin():
         tasks.get_task(session, principal.tenant_id, task_id)
-        rows, attempts, last = outbox.list_for_task(session, task_id, after=after, limit=limit)
+        rows, attempts, last = webhook_deliveries.list_for_task(
+            session, task_id, after=after, limit=limit
+        )
         items = [_out(r, attempts[r.id]) for r in rows]
     return DeliveryList(items=items, next_cursor=params.encode_cursor(last) if last else None)
 
@@ -115,8 +118,8 @@ def redeliver(delivery_id: str, principal: Writer, session: SessionDep) -> Deliv
     """Send the delivery again now, with a fresh retry schedule; answers with the delivery as
     it is (its attempts so far)."""
     with session.begin():
-        delivery = outbox.redeliver(session, principal.tenant_id, delivery_id)
-        out = _out(delivery, outbox.attempts_of(session, [delivery_id])[delivery_id])
+        delivery = webhook_deliveries.redeliver(session, principal.tenant_id, delivery_id)
+        out = _out(delivery, webhook_deliveries.attempts_of(session, [delivery_id])[delivery_id])
     enqueue_deliveries([delivery_id])
     return out
 

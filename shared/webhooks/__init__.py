@@ -1,3 +1,4 @@
-"""Webhooks' security: signing and verifying (``signing``), the tenants' signing secrets
-(``secrets``) and the egress policy that keeps outbound requests off private networks
-(``egress``). The outbox rows themselves are in ``shared.store.outbox``."""
+"""Webhooks: what becomes of a delivery once its outbox row is written (``deliveries``: claim,
+attempts, retries, redelivery, endpoints), signing and verifying (``signing``), the tenants'
+signing secrets (``secrets``), and the egress policy that keeps outbound requests off private
+networks (``egress``). The outbox rows themselves are written in ``shared.store.outbox``."""

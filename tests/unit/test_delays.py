@@ -20,8 +20,8 @@ from tenacity import RetryCallState, Retrying
 
 from shared.errors import ModelRateLimited, ModelTransientError
 from shared.settings import get_settings
-from shared.store.outbox import next_delay_seconds
 from shared.store.tables import WebhookDelivery
+from shared.webhooks.deliveries import next_delay_seconds
 from workers.model_calls import MAX_BACKOFF_SECONDS, Deferred, RetryPolicy
 
 BASE = 0.5
