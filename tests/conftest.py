@@ -1,21 +1,32 @@
-"""Shared fixtures: a real PostgreSQL database and Redis for the whole run, tenants on demand.
+"""Shared fixtures: the database a test runs on, Redis, tenants on demand.
 
-Each run migrates a fresh database of its own and uses a Celery queue name of its own, so runs
-never see each other's rows or messages. Without Postgres or Redis the integration and e2e
-tests are skipped locally, and fail the run when CI=true.
+A test runs on PostgreSQL (with Redis and Celery) unless it is marked
+``backends("postgresql", "sqlite")``: then it runs once on each, through the ``backend``
+fixture. On PostgreSQL each run migrates a fresh database of its own and uses a Celery queue
+name of its own, so runs never see each other's rows or messages. On SQLite each test gets a
+fresh migrated database file and the in-process queue and wake-ups of ``ratchet dev``: it
+needs neither service.
+
+Without Postgres or Redis the tests that need them (the integration tests on PostgreSQL and
+the e2e tests) are skipped locally, and fail the run when CI=true.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
 import redis
 from sqlalchemy.engine import make_url
+
+from tests.webhook_sends import finish_webhook_sends
 
 ADMIN_URL = os.environ.get(
     "RATCHET_TEST_ADMIN_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -46,18 +57,50 @@ def _services_missing() -> str | None:
 
 
 MISSING = _services_missing()
+BACKENDS = ("postgresql", "sqlite")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "backends(*names): the databases a test runs on, one run each (default: postgresql)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("backends")
+    if marker is None or "backend" not in metafunc.fixturenames:
+        return
+    unknown = set(marker.args) - set(BACKENDS)
+    if unknown or not marker.args:
+        raise pytest.UsageError(f"backends{marker.args}: each must be one of {BACKENDS}")
+    if marker.args != ("postgresql",):  # the default needs no parameter (nor a new test id)
+        metafunc.parametrize("backend", marker.args, indirect=True)
+
+
+def backend_of(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    return str(callspec.params.get("backend", "postgresql")) if callspec else "postgresql"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
+    """Mark what needs PostgreSQL and Redis (the integration tests, but for their SQLite runs,
+    and the e2e tests); once -m and -k have deselected theirs, skip those left when a service
+    is missing, or fail the run in CI."""
     for item in items:
         path = str(item.path)
-        if f"{os.sep}integration{os.sep}" in path:
+        if f"{os.sep}integration{os.sep}" in path and backend_of(item) != "sqlite":
             item.add_marker(pytest.mark.integration)
         if f"{os.sep}e2e{os.sep}" in path:
             item.add_marker(pytest.mark.e2e)
+    yield
     if MISSING is None:
         return
-    needs_services = [i for i in items if "integration" in i.keywords or "e2e" in i.keywords]
+    # By marker, not keyword: an item's keywords hold its directories' names too.
+    needs_services = [
+        i for i in items if i.get_closest_marker("integration") or i.get_closest_marker("e2e")
+    ]
     if IN_CI and needs_services:
         raise pytest.UsageError(f"CI=true and {MISSING}: these tests must run in CI")
     for item in needs_services:
@@ -84,32 +127,94 @@ def database_url() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# What every test environment sets, whatever its database.
+COMMON_ENV = {
+    "RATCHET_QUEUE_NAME": f"ratchet-test-{RUN_ID}",
+    "RATCHET_HTTP_ALLOWED_HOSTS": "127.0.0.1,localhost",
+    "RATCHET_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1,localhost",
+    "RATCHET_MODEL_RETRY_BASE_SECONDS": "0.05",
+    "RATCHET_AGENT_MODULES": "tests.sample_agents",
+    # Workers serve metrics only where a test asks (on a port of its own).
+    "RATCHET_WORKER_METRICS_PORT": "0",
+}
+
+
+@contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[dict[str, str]]:
+    """``env`` set in this process (and so in the processes it starts) while the block runs;
+    the settings, the Celery app and the engines are made anew on entry and on exit."""
+    saved = {k: os.environ.get(k) for k in env}
+    finish_webhook_sends()
+    os.environ.update(env)
+    _reset_caches()
+    try:
+        yield dict(env)
+    finally:
+        finish_webhook_sends()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _reset_caches()
+
+
 @pytest.fixture(scope="session")
 def service_env(database_url: str) -> Iterator[dict[str, str]]:
     """The RATCHET_* environment that points this process and its children at the test services."""
     env = {
+        **COMMON_ENV,
         "RATCHET_DATABASE_URL": database_url,
         "RATCHET_REDIS_URL": REDIS_URL,
         "RATCHET_BROKER_URL": REDIS_URL,
-        "RATCHET_QUEUE_NAME": f"ratchet-test-{RUN_ID}",
-        "RATCHET_HTTP_ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "RATCHET_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "RATCHET_MODEL_RETRY_BASE_SECONDS": "0.05",
-        "RATCHET_AGENT_MODULES": "tests.sample_agents",
-        # Workers serve metrics only where a test asks (on a port of its own).
-        "RATCHET_WORKER_METRICS_PORT": "0",
     }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    _reset_caches()
-    yield env
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with environment(env):
+        yield env
     redis.Redis.from_url(REDIS_URL).delete(env["RATCHET_QUEUE_NAME"])
-    _reset_caches()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite database, copied for each test: cheaper than migrating each time."""
+    from shared.store.db import migrate
+
+    path = tmp_path_factory.mktemp("sqlite") / "template.db"
+    migrate(f"sqlite:///{path}")
+    return path
+
+
+def sqlite_env(path: Path) -> dict[str, str]:
+    """The environment of ``ratchet dev`` on the SQLite file ``path``: the in-process queue
+    (and with it the in-process wake-ups and rate limiter)."""
+    return {
+        **COMMON_ENV,
+        "RATCHET_DATABASE_URL": f"sqlite:///{path}",
+        "RATCHET_BROKER_URL": "memory://localhost/",
+        # Nothing may reach for Redis on SQLite: it is pointed at a port nobody listens on.
+        "RATCHET_REDIS_URL": "redis://127.0.0.1:1/0",
+    }
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """The database this test runs on: PostgreSQL, or in turn each its ``backends`` marker
+    names."""
+    return str(getattr(request, "param", "postgresql"))
+
+
+@pytest.fixture
+def backend_env(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[dict[str, str]]:
+    """The RATCHET_* environment of this test's backend: the run's PostgreSQL and Redis, or a
+    fresh SQLite database of the test's own (which needs neither)."""
+    if backend == "postgresql":
+        yield request.getfixturevalue("service_env")
+        return
+    path = tmp_path / "ratchet.db"
+    shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+    with environment(sqlite_env(path)) as env:
+        yield env
 
 
 def _reset_caches() -> None:
@@ -134,7 +239,7 @@ class TenantHandle:
 
 
 @pytest.fixture
-def make_tenant(service_env: dict[str, str]) -> Iterator[Callable[..., TenantHandle]]:
+def make_tenant(backend_env: dict[str, str]) -> Iterator[Callable[..., TenantHandle]]:
     """Create tenants (each with one API key); they and their tasks are deleted afterwards."""
     from shared.store.db import transaction
     from shared.store.tables import Tenant

@@ -56,6 +56,18 @@ def predict(task: TaskState, changes: dict[str, Any]) -> TaskState:
     return cast(TaskState, state)
 
 
+BIGINT = 2**63  # the task row's counters are BIGINT columns
+
+
+def check_in_range(state: TaskState, changes: dict[str, Any]) -> None:
+    """Refuse a write that would take a counter past its column's range, as PostgreSQL would
+    (SQLite would store a float instead, and the row could no longer be read)."""
+    for key in changes:
+        value = getattr(state, key)
+        if type(value) is int and not -BIGINT <= value < BIGINT:
+            raise ValueError(f"{key} out of range: {value}")
+
+
 def settle(state: TaskState, row: Any) -> None:
     """Put what only the database knew (its clock, the event seq) into a predicted state."""
     fixed = cast(SimpleNamespace, state)

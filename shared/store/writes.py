@@ -24,6 +24,7 @@ from shared.store.fenced import (
     EventSpec,
     FromNow,
     assignments,
+    check_in_range,
     log_in_batch,
     params_of,
     predict,
@@ -100,6 +101,7 @@ def write(
         now=now,
     )
     after = predict(task, changes)
+    check_in_range(after, changes)
     if events:
         log_in_batch(session, fenced, events, task=after)
     row = run_batch(session, fenced)

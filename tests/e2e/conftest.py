@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+
+from ratchet.bench.processes import free_port
 
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 10.0
@@ -58,12 +59,6 @@ def _ratchet_command() -> str:
     if found is None:
         raise StackError("the `ratchet` command is not installed (pip install -e .)")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def signal_group(pgid: int, sig: int) -> None:

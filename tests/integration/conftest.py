@@ -9,8 +9,9 @@ from tests.helpers import TERMINAL
 
 
 @pytest.fixture
-def client(service_env: dict[str, str]) -> Iterator[TestClient]:
-    """The API in-process (ASGI), against the real Postgres and Redis of this run."""
+def client(backend_env: dict[str, str]) -> Iterator[TestClient]:
+    """The API in-process (ASGI), on the test's backend: the run's PostgreSQL and Redis, or
+    SQLite with the in-process wake-ups."""
     from api.main import create_app
 
     with TestClient(create_app()) as test_client:
@@ -18,11 +19,11 @@ def client(service_env: dict[str, str]) -> Iterator[TestClient]:
 
 
 @pytest.fixture
-def drive(service_env: dict[str, str]) -> Callable[..., str]:
+def drive(backend_env: dict[str, str]) -> Callable[..., str]:
     """Run a task's steps inline, in this process, until it is terminal; return its status."""
     from shared.store.db import transaction
     from shared.store.tables import Task
-    from workers.step_runner import advance
+    from workers.steps.runner import advance
 
     def run(task_id: str, max_messages: int = 100) -> str:
         for _ in range(max_messages):

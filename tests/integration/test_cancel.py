@@ -15,8 +15,10 @@ from shared.store.db import transaction
 from tests.conftest import TenantHandle
 from tests.helpers import scripted_task
 from tests.integration.test_durability import submit, task_row
-from workers import step_runner
 from workers.providers.scripted import ScriptedProvider
+from workers.steps import runner
+
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
 
 LONG = 60.0
 
@@ -47,7 +49,7 @@ def test_the_heartbeat_wakes_a_step_whose_cancel_was_not_published(
 
     monkeypatch.setattr(ScriptedProvider, "complete", hangs)
     task_id = submit(client, tenant, scripted_task([{"content": "too late"}]))
-    step = threading.Thread(target=step_runner.advance, args=(task_id, 1))
+    step = threading.Thread(target=runner.advance, args=(task_id, 1))
     step.start()
     assert thinking.wait(LONG)
 

@@ -14,13 +14,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event, select
 
 from shared.store import checkpoints, leases
-from shared.store.db import get_engine, transaction, write_session
+from shared.store.backends import write_session
+from shared.store.db import get_engine, transaction
 from shared.store.tables import Task
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task
 from tests.integration.test_durability import submit, task_row
-from workers import heartbeat, step_runner, tool_runner
+from workers import heartbeat, tool_runner
 from workers.providers.scripted import ScriptedProvider
+from workers.steps import runner
 
 
 class HeldConnections:
@@ -159,7 +161,7 @@ def test_a_step_with_a_slow_model_leaves_the_database_pool_to_the_others(
 
     monkeypatch.setattr(ScriptedProvider, "complete", slow)
     ids = [submit(client, tenant, scripted_task(calculator_script(2))) for _ in range(8)]
-    threads = [threading.Thread(target=step_runner.advance, args=(i, 1)) for i in ids]
+    threads = [threading.Thread(target=runner.advance, args=(i, 1)) for i in ids]
     for thread in threads:
         thread.start()
     waiting.wait(timeout=60)
@@ -231,7 +233,7 @@ def test_steps_that_go_on_in_place_read_nothing_and_see_the_same_chat(
     assert drive(rebuilt) == "succeeded"  # a message per step: each reads the whole history
     assert read_from == [rebuilt] * 5
     read_from.clear()
-    step_runner.advance(carried, 1, go_on=lambda: True)  # one message, six steps in place
+    runner.advance(carried, 1, go_on=lambda: True)  # one message, six steps in place
 
     done = task_row(carried)
     assert done.status == "succeeded"

@@ -1,8 +1,8 @@
 """DESIGN §5 in one process: leases and fencing, resume points, the ledger's policies, limits.
 
-Steps run inline (``advance``) against the real Postgres; crashes are injected with failpoints
-set to ``raise``, which leaves the database exactly as a kill at that point would. The tests
-that kill real worker processes live in tests/e2e.
+Steps run inline (``advance``) on each backend, PostgreSQL and SQLite; crashes are injected with
+failpoints set to ``raise``, which leaves the database exactly as a kill at that point would.
+The tests that kill real worker processes live in tests/e2e.
 """
 
 from __future__ import annotations
@@ -21,12 +21,16 @@ from sqlalchemy import select, update
 from shared.errors import LeaseLost
 from shared.failpoints import InjectedFault
 from shared.store import leases, tasks, writes
-from shared.store.db import transaction, write_session
+from shared.store.backends import write_session
+from shared.store.db import transaction
 from shared.store.tables import Step, Task, TaskEvent, ToolCall
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task, tool_turn
-from workers import step_runner
 from workers.providers.scripted import ScriptedProvider
+from workers.steps import runner
+from workers.steps.context import load_context
+
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
 
 
 @pytest.fixture
@@ -106,7 +110,7 @@ def test_crash_after_model_commit_never_asks_the_model_again(
     task_id = submit(client, tenant, scripted_task(calculator_script(3)))
     failpoint("after_model_commit=raise")
     with pytest.raises(InjectedFault):
-        step_runner.advance(task_id, 1)
+        runner.advance(task_id, 1)
     failpoint("")
     expire_lease(task_id)
 
@@ -127,7 +131,7 @@ def test_crash_after_tool_reruns_an_idempotent_tool_with_the_same_key(
     task_id = submit(client, tenant, body)
     failpoint("after_tool=raise")
     with pytest.raises(InjectedFault):
-        step_runner.advance(task_id, 1)
+        runner.advance(task_id, 1)
     failpoint("")
     expire_lease(task_id)
 
@@ -151,7 +155,7 @@ def test_crash_mid_call_of_a_non_idempotent_tool_fails_the_task_naming_the_call(
     task_id = submit(client, tenant, body)
     failpoint("after_tool=raise")
     with pytest.raises(InjectedFault):
-        step_runner.advance(task_id, 1)
+        runner.advance(task_id, 1)
     failpoint("")
     expire_lease(task_id)
 
@@ -176,7 +180,7 @@ def test_tell_model_policy_reports_unknown_outcome_and_continues(
     task_id = submit(client, tenant, body)
     failpoint("after_tool=raise")
     with pytest.raises(InjectedFault):
-        step_runner.advance(task_id, 1)
+        runner.advance(task_id, 1)
     failpoint("")
     expire_lease(task_id)
 
@@ -199,7 +203,7 @@ def test_duplicate_delivery_runs_the_step_once(
 
     def deliver() -> None:
         barrier.wait()
-        step_runner.advance(task_id, 1)
+        runner.advance(task_id, 1)
 
     threads = [threading.Thread(target=deliver) for _ in range(2)]
     for thread in threads:
@@ -237,9 +241,9 @@ def test_a_worker_that_lost_its_lease_writes_nothing(
     assert new.epoch == old.epoch + 1
 
     with transaction() as session:
-        stale_context = step_runner.load_context(session, old)
+        stale_context = load_context(session, old)
     with pytest.raises(LeaseLost):  # … and every write it attempts is refused
-        step_runner.run_step(stale_context)
+        runner.run_step(stale_context)
     with transaction() as session:
         assert session.get(Step, (task_id, 1)) is None
     assert events(task_id) == ["task.queued", "task.started"]
@@ -254,7 +258,7 @@ def test_stale_message_for_a_committed_step_is_dropped(
     task_id = submit(client, tenant, scripted_task(calculator_script(2)))
     assert drive(task_id) == "succeeded"
     before = events(task_id)
-    step_runner.advance(task_id, 1)
+    runner.advance(task_id, 1)
     assert events(task_id) == before
 
 
@@ -293,7 +297,7 @@ def test_long_backoff_goes_back_through_the_queue(
     try:
         script = [{"error": "rate_limit", "times": 1, "content": "after the wait"}]
         task_id = submit(client, tenant, scripted_task(script))
-        step_runner.advance(task_id, 1)  # fails once, defers instead of sleeping
+        runner.advance(task_id, 1)  # fails once, defers instead of sleeping
         task = task_row(task_id)
         assert (task.status, task.steps, task.model_failures) == ("running", 0, 1)
         assert task.lease_owner is None
@@ -336,7 +340,7 @@ def test_cancel_takes_effect_at_the_next_commit_point(
     client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
 ) -> None:
     task_id = submit(client, tenant, scripted_task(calculator_script(4)))
-    step_runner.advance(task_id, 1)
+    runner.advance(task_id, 1)
     with transaction() as session:  # a worker holds the lease: cancel is only requested
         session.execute(
             update(Task).where(Task.id == task_id).values(lease_expires_ms=10**15, lease_owner="w")
@@ -431,7 +435,7 @@ def test_a_write_between_the_lease_read_and_its_update_refuses_the_lease(
     """A worker whose lease ran out defers its step just after another read the task: the
     other's lease must not go ahead on what it read (attempt, failures, waiting are stale)."""
     task_id = submit(client, tenant, scripted_task(calculator_script(2)))
-    old = step_runner.lease_step(task_id, 1)
+    old = runner.lease_step(task_id, 1)
     assert old is not None
     expire_lease(task_id)
     real_fetch = leases.fetch_one
@@ -443,7 +447,7 @@ def test_a_write_between_the_lease_read_and_its_update_refuses_the_lease(
             done.append(True)
             values = writes.release_values(old.lease, delay_ms=0, model_failures=3)
             with write_session() as other:
-                writes.write(other, old.lease, task=old.task, values=values)
+                writes.write(other, old.lease, task=old.task, change=writes.TaskWrite(values))
         return row
 
     monkeypatch.setattr(leases, "fetch_one", read_then_zombie_writes)
@@ -460,7 +464,7 @@ def test_a_worker_of_an_old_lease_cannot_write_after_a_poison_fail_and_a_retry(
     client: TestClient, tenant: TenantHandle
 ) -> None:
     task_id = submit(client, tenant, scripted_task(calculator_script(2)))
-    zombie = step_runner.lease_step(task_id, 1)
+    zombie = runner.lease_step(task_id, 1)
     assert zombie is not None
     expire_lease(task_id)
     with transaction() as session:
@@ -478,7 +482,7 @@ def test_a_worker_of_an_old_lease_cannot_write_after_a_poison_fail_and_a_retry(
 
     done = writes.terminal_values("succeeded", result={"output": "stale"}, steps=1)
     with pytest.raises(LeaseLost), write_session() as session:
-        writes.write(session, zombie.lease, task=zombie.task, values=done)
+        writes.write(session, zombie.lease, task=zombie.task, change=writes.TaskWrite(done))
     assert task_row(task_id).status == "queued"
 
 
@@ -503,7 +507,7 @@ def test_a_step_that_fails_the_same_way_each_time_fails_its_task_with_the_real_e
 ) -> None:
     """The usage of the second model call overflows the task's bigint counter at its commit:
     a retry would meet it again, so the task fails at once, saying why (not ``worker_lost``
-    after its attempts ran out)."""
+    after its attempts ran out). On SQLite too, which would store the sum as a float."""
     huge = {"input_tokens": 5 * 10**18, "output_tokens": 0}
     script = [
         {**tool_turn("calculator", expression="1+1"), "usage": huge},

@@ -1,8 +1,9 @@
-"""The event stream (SSE) and the long poll against the real PostgreSQL and Redis.
+"""The event stream (SSE) and the long poll, on PostgreSQL with Redis and on SQLite.
 
 The API runs in-process; a task's steps are driven inline, from a background thread where a
-reader must be waiting first, so wake-ups travel through Redis as they do between processes.
-Against real ``ratchet api`` and worker processes: ``tests/e2e/test_delivery.py``.
+reader must be waiting first. On PostgreSQL wake-ups travel through Redis as they do between
+processes; on SQLite through the in-process listeners of ``ratchet dev``. Against real
+``ratchet api`` and worker processes: ``tests/e2e/test_delivery.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task
+
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
 
 PROBLEM_JSON = "application/problem+json"
 STEPS = 3

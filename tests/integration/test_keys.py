@@ -25,6 +25,8 @@ from shared.store.tables import ApiKey
 from tests.conftest import TenantHandle
 from tests.integration.test_api import assert_problem, task_count
 
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
+
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
@@ -368,10 +370,10 @@ def test_a_key_in_the_query_string_is_refused(
     assert task_count(tenant.id) == 0
 
 
-@pytest.fixture(scope="module")
-def served(service_env: dict[str, str]) -> Iterator[str]:
-    """The API on uvicorn in a thread, its access log going to the root logger (as it does
-    under ``ratchet api``)."""
+@pytest.fixture
+def served(backend_env: dict[str, str]) -> Iterator[str]:
+    """The API on uvicorn in a thread, on the test's backend, its access log going to the root
+    logger (as it does under ``ratchet api``)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(

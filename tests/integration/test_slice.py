@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, scripted_task
+
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
 
 
 def test_submit_run_and_read_back(

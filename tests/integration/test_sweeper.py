@@ -1,5 +1,9 @@
 """The sweeper against the real Postgres and the real Redis broker: a lost message is sent
-again, a message that is only waiting behind a backlog is not."""
+again, a message that is only waiting behind a backlog is not.
+
+PostgreSQL and Redis only: each test looks into the Redis broker's queues, and the in-process
+queue of SQLite runs offers no such look (there the sweeper goes by the clock alone, which
+``test_durability`` covers on both backends)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Webhooks against the real PostgreSQL and Redis, received over real HTTP and checked the way a
-receiver would: with the ``standardwebhooks`` package and the secret ``ratchet webhooks secret``
-prints.
+"""Webhooks on each backend (PostgreSQL with Redis, and SQLite), received over real HTTP and
+checked the way a receiver would: with the ``standardwebhooks`` package and the secret
+``ratchet webhooks secret`` prints.
 
 The API runs in-process and a task's steps are driven inline; as in a worker, each commit hands
 its deliveries to the background sender of this process. Where a test must decide when a
@@ -32,12 +32,15 @@ from shared.settings import get_settings
 from shared.store import outbox
 from shared.store.db import transaction
 from shared.store.tables import Task, TaskEvent, WebhookDelivery, WebhookEndpoint
+from shared.webhooks import deliveries as webhook_deliveries
 from shared.webhooks import secrets as webhook_secrets
 from shared.webhooks.signing import signature
 from tests.conftest import TenantHandle
 from tests.fakes.receiver import Received, WebhookReceiver
 from tests.helpers import calculator_script, scripted_task
 from workers import webhook_sender
+
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
 
 PROBLEM_JSON = "application/problem+json"
 EVERY_EVENT = [
@@ -310,7 +313,10 @@ def nothing_allow_listed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
-def no_webhook_allow_list(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def no_webhook_allow_list(
+    backend_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Set up after the backend's environment, which would otherwise put the list back."""
     with nothing_allow_listed(monkeypatch):
         yield
 
@@ -501,7 +507,7 @@ def test_410_disables_a_tenant_endpoint_for_the_tasks_after_it(
 ) -> None:
     receiver.respond("/endpoint", then=410)
     with transaction() as session:
-        endpoint_id = outbox.add_endpoint(
+        endpoint_id = webhook_deliveries.add_endpoint(
             session, tenant.id, url=receiver.url("/endpoint"), events=["task.succeeded"]
         ).id
     first = submit(client, tenant)
