@@ -274,12 +274,13 @@ def _postgres_engine() -> Engine:
     os.environ["RATCHET_BROKER_URL"] = "memory://localhost/"
     from shared.queue import get_celery
     from shared.settings import get_settings
+    from shared.store import backends
     from shared.store.db import get_engine, require_migrated
 
     get_settings.cache_clear()
     get_celery.cache_clear()
     engine = get_engine()
-    if engine.dialect.name != "postgresql":
+    if backends.backend_of(engine).name != "postgresql":
         raise typer.BadParameter("set RATCHET_DATABASE_URL to a PostgreSQL database")
     require_migrated()
     return engine

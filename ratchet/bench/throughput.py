@@ -343,9 +343,9 @@ def throughput(
     After a warm-up, each shape runs ``--rounds`` times on both, taking turns; the median run
     of each is reported, and the ratio is of the medians.
     """
-    from shared.store.db import get_engine
+    from shared.store import backends
 
-    if get_engine().dialect.name != "postgresql":
+    if backends.current().name != "postgresql":
         raise typer.BadParameter("set RATCHET_DATABASE_URL to a PostgreSQL database")
     tenant_id, key = bench_key()  # once the database is known to be migrated
     run = uuid.uuid4().hex[:8]

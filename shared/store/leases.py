@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Update, bindparam, select, tuple_, update
+from sqlalchemy import DateTime, Update, bindparam, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from shared.observability import metrics
@@ -38,8 +39,26 @@ READ_TASK = select(*TASK_COLUMNS, now_ms().label("clock_ms")).where(
 )
 
 
-def _lease_statement(*, queued: bool) -> Update:
-    """The lease UPDATE, built once per case: it runs before every step.
+def _lease_changes(*, owner: str, ttl_ms: int, now: datetime, queued: bool) -> dict[str, Any]:
+    """What a lease writes: the one description from which both its SET clause and its
+    prediction of the row come. A lease that starts a queued task reserves the seq of
+    ``task.started``."""
+    changes: dict[str, Any] = {
+        "lease_epoch": Increment(1),
+        "lease_owner": owner,
+        "lease_expires_ms": FromNow(ttl_ms),
+        "attempt": Increment(1),
+        "status": TaskStatus.RUNNING,
+        "updated_at": now,
+    }
+    if queued:
+        changes |= {"started_at": now, "last_event_seq": Increment(1)}
+    return changes
+
+
+@lru_cache(maxsize=4)
+def _lease_statement(shape: tuple[tuple[str, str], ...]) -> Update:
+    """The lease UPDATE of a shape (two: starting a task or not): it runs before every step.
 
     It is a compare-and-set on the row as read just before (epoch, event seq, status, step,
     and ``updated_at``, which every write of the columns a Task document shows sets), so
@@ -48,29 +67,15 @@ def _lease_statement(*, queued: bool) -> Update:
     """
     c = TASKS.c
     free = c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms())
-    now = bindparam("b_now", type_=DateTime(timezone=True))
-    values: dict[str, Any] = {
-        "lease_epoch": c.lease_epoch + 1,
-        "lease_owner": bindparam("b_owner"),
-        "lease_expires_ms": now_ms() + bindparam("b_ttl", type_=BigInteger),
-        "attempt": c.attempt + 1,
-        "status": TaskStatus.RUNNING,
-        "updated_at": now,
-    }
-    if queued:  # this lease starts the task: it reserves the seq of ``task.started``
-        values |= {"started_at": now, "last_event_seq": c.last_event_seq + 1}
     return (
         update(TASKS)
-        .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("b_epoch"))
-        .where(c.last_event_seq == bindparam("b_seq"), c.status == bindparam("b_status"))
-        .where(c.steps == bindparam("b_steps"), c.attempt < bindparam("b_max_attempts"), free)
-        .where(c.updated_at == bindparam("b_updated_at", type_=DateTime(timezone=True)))
-        .values(values)
+        .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("w_epoch"))
+        .where(c.last_event_seq == bindparam("w_seq"), c.status == bindparam("w_status"))
+        .where(c.steps == bindparam("w_steps"), c.attempt < bindparam("w_max_attempts"), free)
+        .where(c.updated_at == bindparam("w_updated_at", type_=DateTime(timezone=True)))
+        .values(assignments(shape))
         .returning(c.id, c.last_event_seq, now_ms().label("clock_ms"))
     )
-
-
-_LEASE = {queued: _lease_statement(queued=queued) for queued in (True, False)}
 
 
 HELD = "held by another worker"
@@ -129,7 +134,7 @@ def take_lease(
     if read.attempt >= max_attempts:  # perhaps poisoned: the careful path decides
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
     lease_batch, leased = _lease_batch(session, read, owner=owner, ttl_ms=ttl_ms)
-    lease_batch.params["b_max_attempts"] = max_attempts
+    lease_batch.params["w_max_attempts"] = max_attempts
     row = run_batch(session, lease_batch)
     if row is None:
         return _refusal(session, task_id, ttl_ms=ttl_ms, step=step, max_attempts=max_attempts)
@@ -156,25 +161,17 @@ def _lease_batch(
     """The lease's compare-and-set on the row as ``read``, and the row it will leave; a lease
     that starts a queued task logs ``task.started`` with it."""
     queued, now = read.status == TaskStatus.QUEUED, utcnow()
-    changes: dict[str, Any] = {
-        "lease_epoch": read.lease_epoch + 1,
-        "lease_owner": owner,
-        "lease_expires_ms": FromNow(ttl_ms),
-        "attempt": read.attempt + 1,
-        "status": TaskStatus.RUNNING,
-        "updated_at": now,
-    }
-    if queued:
-        changes |= {"started_at": now, "last_event_seq": read.last_event_seq + 1}
+    changes = _lease_changes(owner=owner, ttl_ms=ttl_ms, now=now, queued=queued)
     leased = predict(read, changes)
-    params = {"b_task_id": read.id, "b_owner": owner, "b_ttl": ttl_ms, "b_now": now}
-    params |= {"b_epoch": read.lease_epoch, "b_seq": read.last_event_seq, "b_status": read.status}
-    params |= {"b_steps": read.steps, "b_updated_at": read.updated_at}
+    shape = shape_of(changes)
+    params = params_of(changes) | {"b_task_id": read.id, "w_epoch": read.lease_epoch}
+    params |= {"w_seq": read.last_event_seq, "w_status": read.status, "w_steps": read.steps}
+    params |= {"w_updated_at": read.updated_at}
     # A lease that logs nothing commits without waiting for its WAL flush: lost in a database
     # crash, it is as if never taken, and whatever the worker then writes durably flushes it
     # first. One that starts the task waits: readers are woken to its task.started at once.
     lease_batch = Batch(
-        fence=_LEASE[queued], key=("lease", queued), params=params, now=now, durable=queued
+        fence=_lease_statement(shape), key=("lease", shape), params=params, now=now, durable=queued
     )
     if queued:
         log_in_batch(session, lease_batch, [("task.started", task_document)], task=leased)
@@ -225,8 +222,8 @@ def _fail_poisoned(session: Session, task: TaskState, max_attempts: int) -> bool
         "lease_epoch": Increment(1),
     }
     shape = shape_of(values)
-    params = params_of(values) | {"b_task_id": task.id, "b_epoch": task.lease_epoch}
-    params |= {"b_seq": task.last_event_seq, "b_updated_at": task.updated_at}
+    params = params_of(values) | {"b_task_id": task.id, "w_epoch": task.lease_epoch}
+    params |= {"w_seq": task.last_event_seq, "w_updated_at": task.updated_at}
     poison = Batch(
         fence=_poison_statement(shape), key=("poison", shape), params=params, now=utcnow()
     )
@@ -240,13 +237,14 @@ def _fail_poisoned(session: Session, task: TaskState, max_attempts: int) -> bool
 
 @lru_cache(maxsize=4)
 def _poison_statement(shape: tuple[tuple[str, str], ...]) -> Update:
-    """A compare-and-set on the row as read (epoch, event seq, ``updated_at``), unleased."""
+    """A compare-and-set on the row as read (epoch, event seq, ``updated_at``), unleased. The
+    row as read is bound as ``w_*``; the values written, as every write's, as ``b_*``."""
     c = TASKS.c
     return (
         update(TASKS)
-        .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("b_epoch"))
-        .where(c.last_event_seq == bindparam("b_seq"))
-        .where(c.updated_at == bindparam("b_updated_at", type_=DateTime(timezone=True)))
+        .where(c.id == bindparam("b_task_id"), c.lease_epoch == bindparam("w_epoch"))
+        .where(c.last_event_seq == bindparam("w_seq"))
+        .where(c.updated_at == bindparam("w_updated_at", type_=DateTime(timezone=True)))
         .where(runnable(c.status))
         .where(c.lease_expires_ms.is_(None) | (c.lease_expires_ms <= now_ms()))
         .values(assignments(shape))

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from sqlalchemy import Row
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import Session
 
 from shared.store.backends.postgresql import PostgreSQL
@@ -21,6 +21,10 @@ from shared.store.db import get_engine
 
 class Backend(Protocol):
     name: str
+
+    def make_engine(
+        self, url: str, *, pool_size: int | None, max_overflow: int | None
+    ) -> Engine: ...
 
     def write_session(self, *, heartbeat: bool = False) -> AbstractContextManager[Session]: ...
 
@@ -39,6 +43,11 @@ def backend_of(bind: Engine | Connection | Session) -> Backend:
     if isinstance(bind, Session):
         bind = bind.get_bind()
     return BACKENDS[bind.dialect.name]
+
+
+def for_url(url: str) -> Backend:
+    """The backend of a database URL (``postgresql…://`` or ``sqlite:///…``)."""
+    return BACKENDS[make_url(url).get_backend_name()]
 
 
 def current() -> Backend:

@@ -34,11 +34,13 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import bindparam
 
 from shared.store import outbox
+from shared.store.backends import postgresql_engine
 from shared.store.batch import DELIVERIES, EVENTS, Add, Batch, Change, Increment, Part
 from shared.store.db import get_engine, get_sessionmaker, now_ms, statement_observers
 
@@ -47,6 +49,9 @@ class PostgreSQL:
     """The backend of a PostgreSQL database."""
 
     name = "postgresql"
+
+    def make_engine(self, url: str, *, pool_size: int | None, max_overflow: int | None) -> Engine:
+        return postgresql_engine.make_engine(url, pool_size=pool_size, max_overflow=max_overflow)
 
     @contextmanager
     def write_session(self, *, heartbeat: bool = False) -> Iterator[Session]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row
+from sqlalchemy import Engine, Row, create_engine, event
 from sqlalchemy.orm import Session
 
+from shared.settings import get_settings
 from shared.store.batch import Batch, run_in_turn
 from shared.store.db import transaction
 
@@ -18,6 +20,20 @@ class SQLite:
     """The backend of the embedded default: one process, one writer at a time."""
 
     name = "sqlite"
+
+    def make_engine(self, url: str, *, pool_size: int | None, max_overflow: int | None) -> Engine:
+        """A file next to the data directory (made if missing); SQLite pools nothing."""
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_timeout=get_settings().db_pool_timeout_seconds,
+            hide_parameters=True,
+        )
+        event.listen(engine, "connect", _pragmas)
+        return engine
 
     @contextmanager
     def write_session(self, *, heartbeat: bool = False) -> Iterator[Session]:
@@ -33,3 +49,12 @@ class SQLite:
 
     def try_sweep_lock(self, session: Session, lock_id: int) -> bool:
         return True  # one process sweeps: the embedded default's own
+
+
+def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
