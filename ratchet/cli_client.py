@@ -80,7 +80,7 @@ def tasks_list(
 
 @tasks.command("cancel")
 def tasks_cancel(task_id: str) -> None:
-    """Ask for the task to be cancelled (it stops at its next commit point); print it."""
+    """Ask for the task to be cancelled (a step in flight stops at once); print it."""
     with api_client() as client:
         print_json(client.cancel(task_id))
 

@@ -65,7 +65,7 @@ class LeaseLost(RatchetError):
 
 
 class CancelRequested(RatchetError):
-    """The client asked to cancel this task; it ends at the next commit point."""
+    """The client asked to cancel this task: the step holding it ends it at its next write."""
 
 
 class ToolError(RatchetError):

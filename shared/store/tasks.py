@@ -129,7 +129,8 @@ def list_tasks(
 def request_cancel(
     session: Session, tenant_id: str, task_id: str, *, deliveries: list[str] | None = None
 ) -> Task:
-    """Cancel now if no worker holds the task; otherwise flag it for the next commit point."""
+    """Cancel now if no worker holds the task; otherwise flag it for the worker holding it,
+    which the API wakes (see workers.cancels) to stop its step and cancel the task."""
     task = get_task(session, tenant_id, task_id)
     if task.status in TaskStatus.TERMINAL:
         raise Conflict(f"task {task_id} is already {task.status}")
