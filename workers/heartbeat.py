@@ -28,6 +28,7 @@ from workers import cancels
 log = logging.getLogger("ratchet.heartbeat")
 _lock = threading.Lock()
 _leases: dict[int, tuple[Lease, float, float]] = {}  # id → (lease, since, last extended)
+LOST = float("-inf")  # "last extended" of a lease found lost: kept until its step lets it go
 _thread: threading.Thread | None = None
 TICK_SECONDS = 0.25
 BATCH = 500  # leases per statement
@@ -47,6 +48,17 @@ def kept(lease: Lease) -> Iterator[None]:
             _leases.pop(id(lease), None)
 
 
+def holding(lease: Lease) -> bool:
+    """Whether this process may still act for ``lease`` on something that costs money (a
+    model call): the lease was taken or extended within half its TTL, and never found lost.
+    A process that stalled past that may have lost it to another worker, which may have
+    asked and committed already; the step then stops as fenced instead. A lease this module
+    does not keep (a step run outside a worker) is taken at its word."""
+    with _lock:
+        entry = _leases.get(id(lease))
+    return entry is None or time.monotonic() - entry[2] < lease.ttl_ms / 2000
+
+
 def _ensure_thread() -> None:
     global _thread  # noqa: PLW0603 - one heartbeat thread per process
     with _lock:
@@ -58,9 +70,9 @@ def _ensure_thread() -> None:
 def _due() -> list[Lease]:
     now, limit = time.monotonic(), get_settings().step_time_limit_seconds
     with _lock:
-        for key, (lease, since, _) in list(_leases.items()):
-            if now - since > limit:
-                del _leases[key]
+        for key, (lease, since, at) in list(_leases.items()):
+            if at != LOST and now - since > limit:
+                _leases[key] = (lease, since, LOST)
                 log.error(
                     "step %d of task %s ran past the %d s step time limit: its lease is let go",
                     lease.step,
@@ -68,7 +80,11 @@ def _due() -> list[Lease]:
                     limit,
                     extra={"task_id": lease.task_id, "lease_epoch": lease.epoch},
                 )
-        return [lease for lease, _, at in _leases.values() if now - at >= lease.ttl_ms / 3000]
+        return [
+            lease
+            for lease, _, at in _leases.values()
+            if at != LOST and now - at >= lease.ttl_ms / 3000
+        ]
 
 
 def extend(leases: list[Lease]) -> None:
@@ -92,10 +108,11 @@ def _extend_batch(leases: list[Lease], *, ttl_ms: int) -> None:
     now = time.monotonic()
     with _lock:
         for lease in leases:
-            if (lease.task_id, lease.epoch) not in held:
-                _leases.pop(id(lease), None)
-            elif (kept_since := _leases.get(id(lease))) is not None:
-                _leases[id(lease)] = (lease, kept_since[1], now)
+            kept_since = _leases.get(id(lease))
+            if kept_since is None:
+                continue  # its step ended meanwhile
+            at = now if (lease.task_id, lease.epoch) in held else LOST
+            _leases[id(lease)] = (lease, kept_since[1], at)
     for (task_id, _), cancel_requested in held.items():
         if cancel_requested:  # in case its wake-up was lost
             cancels.cancel(task_id)

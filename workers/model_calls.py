@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from shared.errors import ModelError, ModelRateLimited, ModelTransientError
+from shared.errors import LeaseLost, ModelError, ModelRateLimited, ModelTransientError
 from shared.observability import metrics
 from shared.ratelimit import limits
 from shared.ratelimit.buckets import LimiterUnavailable, Take
@@ -83,9 +84,12 @@ def complete(
     tenant: str,
     prior_failures: int,
     failed: list[dict[str, Any]] | None = None,
+    still_held: Callable[[], bool] = lambda: True,
 ) -> ModelResponse:
     """The model's answer; raises ModelError (give up) or Deferred (come back later). Each
-    failed call is added to ``failed`` (when, how long, the error), for the step timeline."""
+    failed call is added to ``failed`` (when, how long, the error), for the step timeline.
+    Before each call, ``still_held()`` must say the step's lease is still this worker's, or
+    LeaseLost is raised: a stalled worker does not pay for an answer it could not commit."""
     policy = RetryPolicy(prior=prior_failures)
     retrying = Retrying(
         retry=retry_if_exception_type(ModelTransientError),
@@ -96,7 +100,13 @@ def complete(
     )
     try:
         response = retrying(
-            limited_call, provider, request, model=model, tenant=tenant, failed=failed
+            limited_call,
+            provider,
+            request,
+            model=model,
+            tenant=tenant,
+            failed=failed,
+            still_held=still_held,
         )
     except ModelError as exc:
         exc.args = (
@@ -113,12 +123,16 @@ def limited_call(
     model: str,
     tenant: str,
     failed: list[dict[str, Any]] | None = None,
+    still_held: Callable[[], bool] = lambda: True,
 ) -> ModelResponse:
     """One provider call inside every bucket that applies; the buckets see the real usage."""
     takes = limits.call_takes(
         model, tenant, tokens.request_tokens(request, model, default_output=DEFAULT_OUTPUT_ESTIMATE)
     )
     wait_for_capacity(takes, model)
+    if not still_held():
+        _refund(takes)
+        raise LeaseLost(f"task {request.task_id}: the lease may have run out; not asking")
     started, started_at = time.perf_counter(), datetime.now(UTC)
     try:
         response = provider.complete(request)

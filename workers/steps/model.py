@@ -29,7 +29,7 @@ from shared.store.writes import (
     release,
 )
 from shared.views import TaskState
-from workers import cancels, model_calls
+from workers import cancels, heartbeat, model_calls
 from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import ToolSchema
 from workers.steps.context import Context
@@ -87,6 +87,7 @@ def call_model(ctx: Context) -> Answer:
                     tenant=ctx.tenant_name,
                     prior_failures=ctx.task.model_failures,
                     failed=failed,
+                    still_held=partial(heartbeat.holding, ctx.lease),
                 ),
                 name="model",
             )
