@@ -49,20 +49,6 @@ from shared.ratelimit.scripts import (
     acquire_script,
 )
 
-"""Fleet-wide rate limiting: token buckets in Redis, decided by one atomic Lua script.
-
-Why a token bucket and not GCRA: a model call costs a *variable* number of tokens, known only
-roughly beforehand, and is corrected after the call (refund or extra charge). A bucket holding
-a level that may go below zero expresses "charge the difference" directly; GCRA would need the
-same bookkeeping expressed as a shifted theoretical arrival time.
-
-One decision is one script call: it reads every bucket the call must pass (provider:model
-requests and tokens, tenant requests and tokens) and each bucket's fleet-wide block, and either
-takes from all of them or from none. The script reads Redis ``TIME``, the only clock, so worker
-clocks never matter. All keys share the ``{rl}`` hash tag: one slot, so the script is
-cluster-safe. It never sleeps: it answers "go" or "retry after N ms".
-"""
-
 
 @lru_cache(maxsize=64)
 def _packer(count: int) -> Callable[..., bytes]:
