@@ -98,7 +98,7 @@ def run(*, host: str, port: int, concurrency: int) -> None:
     with transaction() as session:
         key = dev_api_key(session, key_file(settings))
 
-    from workers import sweeper
+    from workers import presence, sweeper
     from workers.app import app  # the Celery app with Ratchet's tasks registered
 
     # Quieter by default than a production process: warnings, unless RATCHET_LOG_LEVEL says.
@@ -115,10 +115,12 @@ def run(*, host: str, port: int, concurrency: int) -> None:
         queues=[webhook_queue(settings), settings.queue_name],
     ):
         sweeper.start()  # the in-memory queue does not survive a restart: the sweeper heals
+        presence.start()  # the fleet view (in this process's memory) lists this worker
         url = f"http://{host}:{port}"
         database = describe_database(settings)
         print(f"Ratchet is running at {url} ({database} + in-process queue)", flush=True)
         print(f"API key for tenant 'dev': {key}", flush=True)
         print(f"Try: export RATCHET_URL={url} RATCHET_KEY={key}", flush=True)
+        print(f"Dashboard: {url}/dashboard (log in with the key above)", flush=True)
         sys.stdout.flush()
         server.serve(host=host, port=port, log_level="warning")

@@ -18,7 +18,7 @@ from shared.settings import get_settings
 router = APIRouter(tags=["admin"])
 
 
-def _view(buckets: Sequence[Bucket], *, scope_prefix: str = "") -> dict[str, Any]:
+def view(buckets: Sequence[Bucket], *, scope_prefix: str = "") -> dict[str, Any]:
     """Each bucket's capacity, level and last five minutes' decisions, waits and provider
     429s; plus the scopes (starting with ``scope_prefix``) a provider 429 has paused."""
     limiter = get_limiter()
@@ -54,7 +54,7 @@ LIMITER_DOWN = responses(
 )
 def fleet_rate_limits(_: Operator) -> dict[str, Any]:
     """Every configured bucket of the fleet, every tenant's included (operator scope)."""
-    return _view(configured_buckets())
+    return view(configured_buckets())
 
 
 @router.get(
@@ -63,4 +63,4 @@ def fleet_rate_limits(_: Operator) -> dict[str, Any]:
 def tenant_rate_limits(principal: Admin) -> dict[str, Any]:
     """The caller's tenant's own buckets (admin scope); never another tenant's."""
     name = principal.tenant_name
-    return _view(tenant_buckets(name), scope_prefix=f"tenant:{name}:")
+    return view(tenant_buckets(name), scope_prefix=f"tenant:{name}:")

@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from api import params, submission
 from api.deps import Reader, SessionDep, Writer
@@ -263,13 +264,19 @@ def cancel_task(task_id: str, principal: Writer, session: SessionDep) -> TaskVie
     """Cancel now if no worker holds the task; otherwise the step in flight stops waiting on
     its model or tool and cancels the task (``cancel_requested_at`` shows it is pending).
     409 if the task already ended."""
+    return task_view(cancel(session, principal.tenant_id, task_id))
+
+
+def cancel(session: Session, tenant_id: str, task_id: str) -> Task:
+    """Request the cancellation (the API's and the dashboard's), then wake whoever holds the
+    task and send its webhooks."""
     deliveries: list[str] = []
     with session.begin():
-        task = tasks.request_cancel(session, principal.tenant_id, task_id, deliveries=deliveries)
+        task = tasks.request_cancel(session, tenant_id, task_id, deliveries=deliveries)
     if task.cancel_requested_at is not None:  # a step is in flight: stop its wait
         notify.publish_cancel(task.id)
     _after_commit(task, deliveries)
-    return task_view(task)
+    return task
 
 
 @router.post(
@@ -281,11 +288,16 @@ def cancel_task(task_id: str, principal: Writer, session: SessionDep) -> TaskVie
 )
 def retry_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
     """A failed task resumes from its last committed step. 409 unless failed."""
+    return task_view(retry(session, principal.tenant_id, task_id))
+
+
+def retry(session: Session, tenant_id: str, task_id: str) -> Task:
+    """``failed → queued`` (the API's and the dashboard's), then ask a worker to run it."""
     deliveries: list[str] = []
     with session.begin():
-        task = tasks.requeue_failed(session, principal.tenant_id, task_id, deliveries=deliveries)
+        task = tasks.requeue_failed(session, tenant_id, task_id, deliveries=deliveries)
     _after_commit(task, deliveries, run=True)
-    return task_view(task)
+    return task
 
 
 @router.get(

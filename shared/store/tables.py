@@ -73,6 +73,19 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None]
 
 
+class DashboardSession(Base):
+    """A dashboard login: an API key exchanged for a cookie. Only the cookie's hash is kept;
+    the session ends with its key (revoked, expired or deleted) or at ``expires_at``."""
+
+    __tablename__ = "dashboard_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+
+
 class Task(Base):
     __tablename__ = "tasks"
     __table_args__ = (
@@ -80,6 +93,9 @@ class Task(Base):
         Index("ix_tasks_tenant_id_id", "tenant_id", "id"),
         Index("ix_tasks_tenant_status_id", "tenant_id", "status", "id"),
         Index("ix_tasks_status_due", "status", "due_ms"),
+        # The dashboard's time windows (submitted and finished per minute, recent durations).
+        Index("ix_tasks_created_at", "created_at"),
+        Index("ix_tasks_finished_at", "finished_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -217,6 +233,7 @@ class WebhookDelivery(Base):
     __table_args__ = (
         Index("ix_webhook_deliveries_task", "task_id", "id"),
         Index("ix_webhook_deliveries_due", "status", "next_attempt_ms"),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

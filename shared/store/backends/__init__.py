@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from sqlalchemy import Row
+from sqlalchemy import ColumnElement, Row
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import Session
 
@@ -33,6 +33,8 @@ class Backend(Protocol):
     def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None: ...
 
     def try_sweep_lock(self, session: Session, lock_id: int) -> bool: ...
+
+    def epoch_seconds(self, column: Any) -> ColumnElement[float]: ...
 
 
 BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite()}

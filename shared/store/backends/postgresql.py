@@ -81,6 +81,10 @@ class PostgreSQL:
             )
         )
 
+    def epoch_seconds(self, column: Any) -> ColumnElement[float]:
+        """A timestamp column as seconds since the epoch (for bucketing by minute or hour)."""
+        return cast(ColumnElement[float], func.extract("epoch", column))
+
 
 # --- statements compiled once ------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Row, create_engine, event
+from sqlalchemy import ColumnElement, Engine, Float, Row, cast, create_engine, event, func
 from sqlalchemy.orm import Session
 
 from shared.settings import get_settings
@@ -49,6 +49,10 @@ class SQLite:
 
     def try_sweep_lock(self, session: Session, lock_id: int) -> bool:
         return True  # one process sweeps: the embedded default's own
+
+    def epoch_seconds(self, column: Any) -> ColumnElement[float]:
+        """A timestamp column (stored as UTC text) as seconds since the epoch."""
+        return cast(func.strftime("%s", column), Float)
 
 
 def _pragmas(dbapi_connection: Any, _record: Any) -> None:

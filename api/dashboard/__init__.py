@@ -1,0 +1,19 @@
+"""The ops dashboard at ``/dashboard``: server-rendered pages (Jinja2) over the same stores
+as the JSON API, a session cookie instead of a bearer key, and a little plain JavaScript for
+the live parts. Its styles and script are served from the package: it works offline."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from api.dashboard import admin_pages, auth, pages, task_pages
+from api.dashboard.render import HERE
+
+
+def install(app: FastAPI) -> None:
+    app.mount("/dashboard/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
+    for module in (auth, pages, task_pages, admin_pages):
+        app.include_router(module.router)
+    app.add_exception_handler(auth.LoginRequired, auth.login_redirect)
+    app.add_exception_handler(auth.Forbidden, auth.forbidden)

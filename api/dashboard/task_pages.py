@@ -1,0 +1,273 @@
+"""The task list (filters in the URL, keyset pages, bulk cancel and retry) and the task page
+(steps, conversation, events, webhook deliveries, cancel and retry)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.dashboard.auth import PATH, CheckedLogin, CurrentLogin
+from api.dashboard.pages import scope_of
+from api.dashboard.render import page
+from api.routes.tasks import cancel, retry
+from shared.agents.registry import get_registry
+from shared.errors import InvalidRequest, NotFound, RatchetError
+from shared.ops import search
+from shared.ops.search import TaskFilter
+from shared.ops.sessions import Login
+from shared.queue import enqueue_deliveries
+from shared.store import checkpoints, ledger
+from shared.store.db import get_sessionmaker
+from shared.store.events import list_events
+from shared.store.tables import Step, Task, TaskStatus, utcnow
+from shared.views import aware
+from shared.webhooks import deliveries as webhook_deliveries
+
+router = APIRouter(prefix=PATH, include_in_schema=False)
+PAGE = 50
+FILTERS = (
+    *("tenant", "status", "agent", "model", "metadata"),
+    *("created_after", "created_before", "id"),
+)
+ACTIONS = {  # action → (the states it applies to, the verb shown)
+    "cancel": ((TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.AWAITING_APPROVAL), "cancel"),
+    "retry": ((TaskStatus.FAILED,), "retry"),
+}
+
+
+def _when(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequest(
+            "time", f"{value!r} is not a date and time (YYYY-MM-DDTHH:MM)"
+        ) from None
+
+
+def task_filter(values: dict[str, Any], login: Login) -> TaskFilter:
+    """A filter from query or form values; a tenant admin's ``tenant`` is ignored."""
+    text = {k: (str(values.get(k) or "").strip() or None) for k in FILTERS}
+    return TaskFilter(
+        tenant=text["tenant"] if login.operator else None,
+        status=text["status"],
+        agent=text["agent"],
+        model=text["model"],
+        metadata=text["metadata"],
+        created_after=_when(text["created_after"]),
+        created_before=_when(text["created_before"]),
+        id=text["id"],
+    )
+
+
+def _list(login: Login, where: TaskFilter, after: str | None) -> dict[str, Any]:
+    with get_sessionmaker()() as session, session.begin():
+        rows, next_id = search.search(session, scope_of(login), where, limit=PAGE, after_id=after)
+        names = search.tenant_names(session, [t.tenant_id for t in rows])
+    return {"tasks": rows, "next_id": next_id, "tenants": names}
+
+
+@router.get("/tasks", response_class=HTMLResponse)
+async def tasks_page(
+    request: Request, login: CurrentLogin, after: Annotated[str | None, Query(max_length=64)] = None
+) -> Response:
+    values = dict(request.query_params)
+    try:
+        where = task_filter(values, login)
+    except InvalidRequest as exc:
+        return page(request, "tasks.html", login, error=str(exc), params={}, tasks=[], **_lists())
+    found = await run_in_threadpool(_list, login, where, after)
+    return page(
+        request, "tasks.html", login, error=None, params=where.as_params(), **found, **_lists()
+    )
+
+
+def _lists() -> dict[str, Any]:
+    return {"states": TaskStatus.ALL, "agents": sorted(get_registry().agents)}
+
+
+def _matching(
+    login: Login, where: TaskFilter, action: str, ids: list[str]
+) -> list[tuple[str, str]]:
+    states = ACTIONS[action][0]
+    with get_sessionmaker()() as session, session.begin():
+        found = search.matching_ids(session, scope_of(login), where, status=states)
+    if ids:  # the selection: only the selected tasks among those the filter may touch
+        chosen = set(ids)
+        found = [(t, i) for t, i in found if i in chosen]
+    return found
+
+
+def _apply(action: str, targets: list[tuple[str, str]]) -> tuple[int, int]:
+    """Cancel or retry each target in its own transaction; (changed, skipped)."""
+    act = cancel if action == "cancel" else retry
+    changed = 0
+    for tenant_id, task_id in targets:
+        with get_sessionmaker()() as session:
+            try:
+                act(session, tenant_id, task_id)
+                changed += 1
+            except RatchetError:  # it changed state meanwhile (finished, retried elsewhere)
+                pass
+    return changed, len(targets) - changed
+
+
+@router.post("/tasks/bulk", response_class=HTMLResponse)
+async def bulk(request: Request, login: CheckedLogin) -> Response:
+    """Two steps: the first post counts what would change and asks to confirm; the second
+    (``confirmed``) changes it and says how many changed."""
+    form = await request.form()
+    action, _, scope = str(form.get("action") or "").partition(":")
+    scope = str(form.get("scope") or scope)
+    if action not in ACTIONS:
+        return page(request, "error.html", login, status=422, message="choose cancel or retry")
+    ids = [str(i) for i in form.getlist("ids")]
+    if scope != "matching" and not ids:
+        return page(request, "error.html", login, status=422, message="select some tasks first")
+    where = task_filter(dict(form), login)
+    targets = await run_in_threadpool(
+        _matching, login, where, action, [] if scope == "matching" else ids
+    )
+    if form.get("confirmed") != "yes":
+        return page(
+            request,
+            "confirm.html",
+            login,
+            action=action,
+            count=len(targets),
+            ids=ids,
+            params=where.as_params(),
+            scope=scope,
+        )
+    changed, skipped = await run_in_threadpool(_apply, action, targets)
+    verb = "Cancelled" if action == "cancel" else "Retried"
+    flash = f"{verb} {changed} task(s)" + (f"; {skipped} had changed meanwhile" if skipped else "")
+    return RedirectResponse(
+        f"{PATH}/tasks?{urlencode({**where.as_params(), 'flash': flash})}", status_code=303
+    )
+
+
+def _task_row(session: Session, login: Login, task_id: str) -> Task:
+    query = select(Task).where(Task.id == task_id)
+    if not login.operator:
+        query = query.where(Task.tenant_id == login.principal.tenant_id)
+    task = session.scalar(query)
+    if task is None:
+        raise NotFound(f"no task {task_id}")
+    return task
+
+
+def _task(login: Login, task_id: str) -> dict[str, Any]:
+    with get_sessionmaker()() as session, session.begin():
+        task = _task_row(session, login, task_id)
+        steps = checkpoints.load_steps(session, task_id, after=0, limit=500)
+        calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
+        events = list_events(session, task_id, limit=1000)
+        deliveries, attempts, _ = webhook_deliveries.list_for_task(
+            session, task_id, after=None, limit=100
+        )
+        tenant = search.tenant_names(session, [task.tenant_id])[task.tenant_id]
+    by_step: dict[int, list[Any]] = {}
+    for call in calls:
+        by_step.setdefault(call.step_number, []).append(call)
+    return {
+        "task": task,
+        "tenant": tenant,
+        "steps": [(s, by_step.get(s.number, [])) for s in steps],
+        "bars": waterfall(task, steps),
+        "events": events,
+        "deliveries": [(d, attempts.get(d.id, [])) for d in deliveries],
+        "terminal": task.status in TaskStatus.TERMINAL,
+    }
+
+
+def waterfall(task: Task, steps: Sequence[Step]) -> dict[int, dict[str, float]]:
+    """Each step's bar as percentages of the task's span: where it starts, how long the
+    model took, and how long its tools took after that."""
+    start = aware(task.started_at) or aware(task.created_at)
+    ends = [aware(s.completed_at) or aware(s.model_completed_at) for s in steps]
+    end = max([e for e in ends if e] + [aware(task.finished_at) or utcnow()])
+    if start is None:
+        return {}
+    span = max((end - start).total_seconds(), 0.001)
+
+    def pct(moment: datetime | None) -> float:
+        return 0.0 if moment is None else max(0.0, (moment - start).total_seconds() / span * 100)
+
+    bars = {}
+    for s in steps:
+        left, model = pct(aware(s.started_at)), pct(aware(s.model_completed_at))
+        done = pct(aware(s.completed_at)) if s.completed_at else model
+        bars[s.number] = {
+            "left": left,
+            "model": max(model - left, 0.3),
+            "tools": max(done - model, 0),
+        }
+    return bars
+
+
+@router.get("/tasks/{task_id}", response_class=HTMLResponse)
+async def task_page(request: Request, login: CurrentLogin, task_id: str) -> Response:
+    try:
+        data = await run_in_threadpool(_task, login, task_id)
+    except NotFound as exc:
+        return page(request, "error.html", login, status=404, message=str(exc))
+    return page(request, "task.html", login, **data)
+
+
+def _act(login: Login, task_id: str, action: str) -> str:
+    with get_sessionmaker()() as session:
+        with session.begin():
+            tenant_id = _task_row(session, login, task_id).tenant_id
+        try:
+            (cancel if action == "cancel" else retry)(session, tenant_id, task_id)
+        except RatchetError as exc:
+            return str(exc)
+    return "Cancellation requested" if action == "cancel" else "Retried: the task is queued"
+
+
+@router.post("/tasks/{task_id}/{action}", response_class=HTMLResponse)
+async def task_action(request: Request, login: CheckedLogin, task_id: str, action: str) -> Response:
+    if action not in ACTIONS:
+        return page(request, "error.html", login, status=404, message=f"no action {action!r}")
+    try:
+        flash = await run_in_threadpool(_act, login, task_id, action)
+    except NotFound as exc:
+        return page(request, "error.html", login, status=404, message=str(exc))
+    return _to_task(task_id, flash)
+
+
+def _redeliver(login: Login, delivery_id: str, tenant_id: str) -> None:
+    with get_sessionmaker()() as session, session.begin():
+        webhook_deliveries.redeliver(session, tenant_id, delivery_id)
+    enqueue_deliveries([delivery_id])
+
+
+@router.post("/tasks/{task_id}/deliveries/{delivery_id}/redeliver")
+async def redeliver(login: CheckedLogin, task_id: str, delivery_id: str) -> Response:
+    def run() -> str:
+        with get_sessionmaker()() as session, session.begin():
+            tenant_id = _task_row(session, login, task_id).tenant_id
+        _redeliver(login, delivery_id, tenant_id)
+        return "Redelivery queued"
+
+    try:
+        flash = await run_in_threadpool(run)
+    except NotFound as exc:
+        flash = str(exc)
+    return _to_task(task_id, flash)
+
+
+def _to_task(task_id: str, flash: str) -> RedirectResponse:
+    return RedirectResponse(
+        f"{PATH}/tasks/{task_id}?{urlencode({'flash': flash})}", status_code=303
+    )
