@@ -12,12 +12,23 @@ from fastapi.responses import RedirectResponse
 from fastapi.security import HTTPBearer
 from fastapi_offline import FastAPIOffline
 
-from api import problems
+from api import dashboard, problems
 from api.body_limit import BodyLimitMiddleware
 from api.event_hub import hub
 from api.params import reject_nul
 from api.problems import REASONS, Problem, responses
-from api.routes import admin, agents, events, health, keys, tasks, webhooks
+from api.routes import (
+    admin,
+    agents,
+    events,
+    fleet,
+    health,
+    keys,
+    overview,
+    tasks,
+    webhook_endpoints,
+    webhooks,
+)
 from api.schemas import document_submission
 from api.url_credentials import UrlCredentialsMiddleware
 from shared.agents.registry import get_registry
@@ -93,6 +104,7 @@ TAGS = [
     {"name": "tasks", "description": "Submit tasks, read them, cancel and retry them."},
     {"name": "events", "description": "A task's events as a server-sent event stream."},
     {"name": "webhooks", "description": "Webhook deliveries and the signing secret."},
+    {"name": "webhook-endpoints", "description": "A tenant admin's default webhook endpoints."},
     {"name": "agents", "description": "The registered agents and their tools."},
     {"name": "keys", "description": "A tenant admin's API keys."},
     {"name": "admin", "description": "Rate-limit views for tenant admins and operators."},
@@ -101,8 +113,8 @@ TAGS = [
 
 
 async def _root() -> RedirectResponse:
-    # Until the dashboard lands, a browser opening the bare URL finds the API's docs.
-    return RedirectResponse("/docs", status_code=307)
+    # A browser opening the bare URL finds the dashboard (the API's docs are at /docs).
+    return RedirectResponse("/dashboard", status_code=307)
 
 
 def create_app() -> FastAPI:
@@ -122,7 +134,18 @@ def create_app() -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_request_bytes)
     app.add_middleware(UrlCredentialsMiddleware)  # outermost: before anything reads the URL
     app.add_api_route("/", _root, include_in_schema=False)
+    dashboard.install(app)
     app.include_router(health.router, responses=ANY_REQUEST)
-    for router in (tasks, events, webhooks, agents, admin, keys):
+    for router in (
+        tasks,
+        events,
+        webhooks,
+        agents,
+        admin,
+        keys,
+        webhook_endpoints,
+        fleet,
+        overview,
+    ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     return app

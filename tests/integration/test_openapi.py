@@ -27,7 +27,8 @@ MAX_EXAMPLES = 12
 # A JSON schema cannot say these; the server checks them and answers a documented 422:
 # cursors are opaque tokens only this API hands out; a submission names a registered agent,
 # that agent's tools, a known model, a script valid for it and a webhook URL that resolves to
-# a public address; a key's expiry lies in the future; ``Last-Event-ID`` is a number in range.
+# a public address (as must an endpoint's); a key's expiry lies in the future; ``Last-Event-ID``
+# is a number in range; a query string holds no NUL character.
 SEMANTIC_422 = (
     "POST /v1/tasks",
     "GET /v1/tasks",
@@ -37,6 +38,11 @@ SEMANTIC_422 = (
     "GET /v1/agents",
     "GET /v1/keys",
     "POST /v1/keys",
+    "GET /v1/webhook-endpoints",
+    "POST /v1/webhook-endpoints",
+    "PATCH /v1/webhook-endpoints/{endpoint_id}",
+    "GET /v1/admin/overview",
+    "GET /v1/admin/tasks",
 )
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis's default
 
@@ -116,18 +122,19 @@ def test_every_operation_passes_every_check(
             if failure:
                 failures.append(failure)
     assert not failures, "\n\n".join(failures)
-    assert len(seen) == 19, sorted(seen)
+    assert len(seen) == 28, sorted(seen)
     # The key was taken: every authenticated operation got past authentication at least once.
     assert [label for label, statuses in seen.items() if statuses <= {401}] == []
     assert {200, 422} <= seen["GET /v1/tasks/{task_id}/events"]
     assert 202 in seen["POST /v1/tasks"]
 
 
-def test_root_redirects_to_the_docs(client: TestClient) -> None:
+def test_root_redirects_to_the_dashboard(client: TestClient) -> None:
     answer = client.get("/", follow_redirects=False)
     assert answer.status_code == 307
-    assert answer.headers["location"] == "/docs"
-    assert client.get("/").status_code == 200  # the docs page itself
+    assert answer.headers["location"] == "/dashboard"
+    assert 'type="password"' in client.get("/").text  # its login page
+    assert client.get("/docs").status_code == 200
 
 
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])

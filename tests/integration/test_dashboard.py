@@ -1,0 +1,238 @@
+"""The dashboard over HTTP (no browser): who may log in, what a session may see and do, the
+CSRF and origin checks, bulk actions that change exactly what they say, pages that never
+carry a secret, and the JSON overview and task search behind them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from shared.store.db import transaction
+from shared.store.tables import Task
+from shared.webhooks import secrets as webhook_secrets
+from tests.conftest import TenantHandle
+from tests.helpers import calculator_script, tool_turn
+from tests.integration.test_api import assert_problem, submit
+
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
+OPERATOR = ("operator",)
+ADMIN = ("admin",)
+PAGES = ("", "/tasks", "/ratelimits", "/webhooks", "/tenants")
+
+
+def login(client: TestClient, key: str) -> str:
+    """Log in; returns the CSRF token of the session (read from a page's form)."""
+    answer = client.post("/dashboard/login", data={"key": key}, follow_redirects=False)
+    assert answer.status_code == 303, answer.text
+    page = client.get("/dashboard/tasks")
+    assert page.status_code == 200
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert token is not None
+    return token.group(1)
+
+
+def status_of(task_id: str) -> str:
+    with transaction() as session:
+        task = session.get(Task, task_id)
+        assert task is not None
+        return task.status
+
+
+def failing(client: TestClient, tenant: TenantHandle, **extra: Any) -> str:
+    """A task that fails at its second step: it may take only one."""
+    script = [tool_turn("calculator", expression="1+1"), {"content": "never"}]
+    return str(
+        submit(
+            client,
+            tenant,
+            tools=["calculator"],
+            max_steps=1,
+            model_options={"script": script},
+            **extra,
+        )["id"]
+    )
+
+
+def test_login_page_then_a_session_cookie_that_is_httponly_and_strict(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    admin = make_tenant(ADMIN)
+    first = client.get("/dashboard", follow_redirects=False)
+    assert first.status_code == 303
+    assert first.headers["location"] == "/dashboard/login?next=/dashboard"
+    assert 'type="password"' in client.get("/dashboard/login").text
+    answer = client.post("/dashboard/login", data={"key": admin.key}, follow_redirects=False)
+    assert answer.status_code == 303
+    cookie = answer.headers["set-cookie"].lower()
+    for part in ("httponly", "samesite=strict", "path=/dashboard", "max-age="):
+        assert part in cookie
+    assert admin.key.lower() not in cookie
+    assert client.get("/dashboard").status_code == 200
+
+
+def test_a_key_that_may_only_read_or_write_tasks_cannot_log_in(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    for scopes in (("tasks:read",), ("tasks:read", "tasks:write")):
+        reader = make_tenant(scopes)
+        answer = client.post("/dashboard/login", data={"key": reader.key}, follow_redirects=False)
+        assert answer.status_code == 401
+        assert "admin scope" in answer.text
+        assert "set-cookie" not in answer.headers
+    bad = client.post("/dashboard/login", data={"key": "rk_nope"}, follow_redirects=False)
+    assert bad.status_code == 401
+
+
+def test_logout_and_a_revoked_key_end_the_session(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    admin = make_tenant(ADMIN)
+    token = login(client, admin.key)
+    out = client.post("/dashboard/logout", data={"csrf_token": token}, follow_redirects=False)
+    assert out.status_code == 303
+    client.cookies.clear()
+    assert client.get("/dashboard", follow_redirects=False).status_code == 303
+
+    login(client, admin.key)
+    keys = client.get("/v1/keys", headers=admin.headers).json()["items"]
+    other = client.post("/v1/keys", json={"scopes": ["admin"]}, headers=admin.headers).json()
+    revoked = client.post(
+        f"/v1/keys/{keys[0]['id']}/revoke", headers={"Authorization": f"Bearer {other['key']}"}
+    )
+    assert revoked.status_code == 200, revoked.text
+    assert client.get("/dashboard", follow_redirects=False).status_code == 303
+
+
+def test_every_page_renders_and_the_fleet_pages_are_an_operators(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    operator, admin = make_tenant(OPERATOR), make_tenant(ADMIN)
+    task = submit(client, admin)
+    login(client, operator.key)
+    for path in (*PAGES, "/workers", f"/tasks/{task['id']}", "?window=24h"):
+        assert client.get(f"/dashboard{path}").status_code == 200, path
+    client.cookies.clear()
+    login(client, admin.key)
+    for path in (*PAGES, f"/tasks/{task['id']}"):
+        assert client.get(f"/dashboard{path}").status_code == 200, path
+    assert client.get("/dashboard/workers").status_code == 403
+
+
+def test_a_tenant_admin_sees_only_its_own_tenant(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    mine, theirs = make_tenant(ADMIN), make_tenant(ADMIN)
+    own = submit(client, mine, metadata={"who": "me"})["id"]
+    foreign = submit(client, theirs, metadata={"who": "them"})["id"]
+    login(client, mine.key)
+    listed = client.get("/dashboard/tasks").text
+    assert own in listed
+    assert foreign not in listed
+    assert foreign not in client.get(f"/dashboard/tasks?tenant={theirs.name}").text
+    assert client.get(f"/dashboard/tasks/{foreign}").status_code == 404
+    assert theirs.name not in client.get("/dashboard").text
+    cancel = client.post(
+        f"/dashboard/tasks/{foreign}/cancel",
+        data={"csrf_token": login(client, mine.key)},
+        follow_redirects=False,
+    )
+    assert cancel.status_code == 404
+    assert status_of(foreign) == "queued"
+
+
+def test_actions_without_the_csrf_token_or_from_another_site_are_refused(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    admin = make_tenant(ADMIN)
+    task_id = submit(client, admin)["id"]
+    token = login(client, admin.key)
+    for data in ({}, {"csrf_token": "forged"}):
+        refused = client.post(f"/dashboard/tasks/{task_id}/cancel", data=data)
+        assert refused.status_code == 403
+        assert "CSRF" in refused.text
+    foreign = client.post(
+        f"/dashboard/tasks/{task_id}/cancel",
+        data={"csrf_token": token},
+        headers={"Origin": "https://evil.example"},
+    )
+    assert foreign.status_code == 403
+    assert status_of(task_id) == "queued"
+    done = client.post(
+        f"/dashboard/tasks/{task_id}/cancel", data={"csrf_token": token}, follow_redirects=False
+    )
+    assert done.status_code == 303
+    assert status_of(task_id) == "cancelled"
+
+
+def test_bulk_retry_of_a_filter_retries_exactly_the_failed_tasks_it_matches(
+    client: TestClient,
+    make_tenant: Callable[..., TenantHandle],
+    drive: Callable[..., str],
+) -> None:
+    admin = make_tenant(ADMIN)
+    tagged = [failing(client, admin, metadata={"batch": "b1"}) for _ in range(3)]
+    untagged = [failing(client, admin, metadata={"batch": "b2"}) for _ in range(2)]
+    fine = submit(
+        client, admin, metadata={"batch": "b1"}, model_options={"script": calculator_script(1)}
+    )["id"]
+    for task_id in (*tagged, *untagged, fine):
+        drive(task_id)
+    assert [status_of(t) for t in tagged + untagged] == ["failed"] * 5
+    token = login(client, admin.key)
+    form = {"csrf_token": token, "action": "retry:matching", "metadata": "batch:b1"}
+    confirm = client.post("/dashboard/tasks/bulk", data=form)
+    assert confirm.status_code == 200
+    assert 'data-count="confirm">3<' in confirm.text
+    assert all(status_of(t) == "failed" for t in tagged)  # nothing changes before "yes"
+    done = client.post("/dashboard/tasks/bulk", data=form | {"confirmed": "yes"})
+    assert done.status_code == 200
+    assert "Retried 3 task(s)" in done.text
+    assert [status_of(t) for t in tagged] == ["queued"] * 3
+    assert [status_of(t) for t in untagged] == ["failed"] * 2
+    assert status_of(fine) == "succeeded"
+
+
+def test_no_page_carries_a_key_or_a_webhook_secret(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    operator = make_tenant(OPERATOR)
+    task_id = submit(client, operator)["id"]
+    with transaction() as session:
+        secret = webhook_secrets.current(session, operator.id)
+    login(client, operator.key)
+    for path in (*PAGES, "/workers", f"/tasks/{task_id}", "/login"):
+        html = client.get(f"/dashboard{path}").text
+        assert operator.key not in html, path
+        assert secret not in html, path
+
+
+def test_the_json_overview_counts_a_tenants_tasks_and_the_fleets(
+    client: TestClient, make_tenant: Callable[..., TenantHandle], drive: Callable[..., str]
+) -> None:
+    operator, admin = make_tenant(OPERATOR), make_tenant(ADMIN)
+    done = submit(client, admin, model_options={"script": calculator_script(1)})["id"]
+    drive(done)
+    failed = failing(client, admin)
+    drive(failed)
+    submit(client, admin)
+    mine = client.get("/v1/overview?window=1h", headers=admin.headers)
+    assert mine.status_code == 200, mine.text
+    body = mine.json()
+    assert body["states"]["succeeded"] == 1
+    assert body["states"]["failed"] == 1
+    assert body["states"]["queued"] == 1
+    assert sum(b["submitted"] for b in body["series"]) == 3
+    assert body["usage"]["agent"][0]["tasks"] == 2
+    assert body["errors"][0]["count"] == 1
+    assert_problem(client.get("/v1/admin/overview", headers=admin.headers), 403)
+    fleet = client.get(f"/v1/admin/overview?tenant={admin.name}", headers=operator.headers)
+    assert fleet.json()["states"] == body["states"]
+    found = client.get(
+        f"/v1/admin/tasks?tenant={admin.name}&status=failed", headers=operator.headers
+    )
+    assert [t["id"] for t in found.json()["items"]] == [failed]
+    assert_problem(client.get("/v1/admin/tasks?status=nope", headers=operator.headers), 422)
