@@ -35,16 +35,18 @@ def seed(url: str, key: str) -> str:
                     "metadata": {"customer": str(40 + i % 3), "tour": "yes"},
                 },
             ).raise_for_status()
-        for i in range(3):  # a model that says nothing useful fails the task
+        for i in range(3):  # a task allowed one step that needs two fails at its second
             client.post(
                 "/v1/tasks",
                 json={
                     "input": f"Break ({i})",
                     "model": "scripted",
-                    "model_options": {"script": [{"error": "rate_limited"}] * 10},
+                    "tools": ["calculator"],
+                    "max_steps": 1,
+                    "model_options": {"script": CALC},
                     "metadata": {"customer": "43"},
                 },
-            )
+            ).raise_for_status()
         slow = client.post(
             "/v1/tasks",
             json={
@@ -57,8 +59,11 @@ def seed(url: str, key: str) -> str:
         ).json()["id"]
         doomed = client.post(
             "/v1/tasks",
-            json={"input": "Cancel me", "model": "scripted",
-                  "model_options": {"script": [{"delay_ms": 60000, "content": "x"}]}},
+            json={
+                "input": "Cancel me",
+                "model": "scripted",
+                "model_options": {"script": [{"delay_ms": 60000, "content": "x"}]},
+            },
         ).json()["id"]
         time.sleep(3)
         client.post(f"/v1/tasks/{doomed}/cancel")
