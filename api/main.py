@@ -107,7 +107,10 @@ TAGS = [
     {"name": "webhook-endpoints", "description": "A tenant admin's default webhook endpoints."},
     {"name": "agents", "description": "The registered agents and their tools."},
     {"name": "keys", "description": "A tenant admin's API keys."},
-    {"name": "admin", "description": "Rate-limit views for tenant admins and operators."},
+    {
+        "name": "admin",
+        "description": "Overviews, the fleet, task search and rate limits (operator or tenant).",
+    },
     {"name": "health", "description": "Liveness and readiness; no API key."},
 ]
 

@@ -11,3 +11,9 @@ EVENTS_CHANNEL_PREFIX = REDIS_PREFIX + "events:"
 RATE_LIMIT_PREFIX = REDIS_PREFIX + "{rl}:"
 # Published when a cancel is requested for a running task: wakes its step in flight.
 CANCELS_CHANNEL = REDIS_PREFIX + "cancels"
+# The fleet's live view, per queue name (one fleet per queue): a sorted set of the processes
+# that run steps, each with a record of its own that expires unless it is published again,
+# and the sweeper's last run.
+WORKERS_PREFIX = REDIS_PREFIX + "workers:"
+WORKER_PREFIX = REDIS_PREFIX + "worker:"
+LAST_SWEEP_PREFIX = REDIS_PREFIX + "last-sweep:"

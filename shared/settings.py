@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     db_keepalive_seconds: int = Field(10, ge=1, le=3600)
     sweep_interval_seconds: float = Field(5.0, gt=0)
     sweep_grace_seconds: float = Field(30.0, ge=0)
+    # Each process that runs steps publishes its presence this often; a process that stops
+    # publishing drops out of the fleet's live view after three of these.
+    presence_interval_seconds: float = Field(5.0, gt=0)
+    # Flower, for the fleet view to link to (e.g. https://flower.example.com); none if unset.
+    flower_url: str | None = None
 
     model_timeout_seconds: float = Field(60.0, gt=0)
     model_max_attempts: int = Field(5, ge=1)
@@ -167,7 +172,7 @@ class Settings(BaseSettings):
             raise ValueError(f"not a URL of {' or '.join(schemes or ('a broker',))}: {value!r}")
         return value
 
-    @field_validator("openai_base_url", "anthropic_base_url")
+    @field_validator("openai_base_url", "anthropic_base_url", "flower_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if not value:

@@ -15,7 +15,7 @@ from shared.queue import get_celery
 from shared.settings import get_settings
 from shared.store.db import reset_engines
 from shared.webhooks import egress
-from workers import step_pool, sweeper, tokens, webhook_sender
+from workers import presence, step_pool, sweeper, tokens, webhook_sender
 from workers.steps import runner
 
 log = logging.getLogger("ratchet.worker")
@@ -47,12 +47,19 @@ def _logging(loglevel: str | int | None = None, **_: Any) -> None:
 def _fresh_connections(**_: Any) -> None:
     # A forked child must not reuse the parent's database sockets.
     reset_engines()
+    presence.start()  # a pool process (prefork's child, solo's main) runs steps: it says so
 
 
 @signals.worker_process_shutdown.connect
 def _drain_steps(**_: Any) -> None:
     # A pool process that is told to stop lets its steps in flight commit first.
     step_pool.drain(get_settings().shutdown_grace_seconds)
+    presence.stop()
+
+
+@signals.worker_init.connect
+def _name_worker(sender: Any, **_: Any) -> None:
+    presence.configure(sender)  # before the fork: the pool's processes take its name
 
 
 @signals.worker_init.connect
@@ -66,3 +73,10 @@ def _load_registry(**_: Any) -> None:
 @signals.worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     sweeper.start()
+    if not presence.forks():  # the steps run in this process (a threads pool)
+        presence.start()
+
+
+@signals.worker_shutdown.connect
+def _leave_fleet(**_: Any) -> None:
+    presence.stop()  # a no-op where it never started (prefork's main process)

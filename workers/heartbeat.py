@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import islice
 
 from shared.settings import get_settings
 from shared.store.backends import write_session
@@ -57,6 +58,12 @@ def holding(lease: Lease) -> bool:
     with _lock:
         entry = _leases.get(id(lease))
     return entry is None or time.monotonic() - entry[2] < lease.ttl_ms / 2000
+
+
+def held_tasks(limit: int) -> list[str]:
+    """The tasks whose leases this process keeps now (at most ``limit`` of them)."""
+    with _lock:
+        return [lease.task_id for lease, _, _ in islice(_leases.values(), limit)]
 
 
 def _ensure_thread() -> None:

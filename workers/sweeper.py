@@ -9,7 +9,8 @@ is only waiting behind a backlog keeps its message (see ``queue.oldest_waiting_m
 that got a new message gets no other for the grace.
 
 Every worker process runs a sweeper thread; on Postgres an advisory lock lets one sweep
-at a time.
+at a time. Each sweep that held the lock is recorded for the operator's live view
+(``shared.ops.fleet``): when, by which process, and what it sent again.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import time
 
 from sqlalchemy import select
 
+from shared.ops import fleet
 from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 from shared.store import tasks
 from shared.store.backends import backend_of, write_session
 from shared.store.db import now_ms, transaction
 from shared.webhooks import deliveries as webhook_deliveries
+from workers import presence
 
 log = logging.getLogger("ratchet.sweeper")
 SWEEP_LOCK_ID = 0x5241544348  # "RATCH"
@@ -67,6 +70,11 @@ def sweep_once() -> int:
     enqueue_deliveries(deliveries)
     if overdue:
         log.warning("sweeper re-enqueued %d task(s)", len(overdue))
+    fleet.record_sweep(
+        process=presence.process_name(),
+        tasks_resent=len(overdue),
+        deliveries_resent=len(deliveries),
+    )
     return len(overdue) + len(deliveries)
 
 

@@ -1,8 +1,13 @@
-"""A fleet: the API and two worker processes on real Postgres and Redis, over HTTP."""
+"""A fleet: the API and two worker processes on real Postgres and Redis, over HTTP; and the
+operator's live view of it (``/v1/admin/fleet``)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
+
+import httpx
 
 from tests.conftest import TenantHandle
 from tests.e2e.conftest import StackFactory
@@ -74,3 +79,37 @@ def test_two_workers_run_a_hundred_tasks_to_the_end(
     assert sum(received) >= TASKS, received
     # Both workers took a fair share of the messages, not just a token one.
     assert min(received) >= sum(received) // 10, received
+
+
+def live_pids(http: httpx.Client, worker_pid: int) -> set[int]:
+    """The pids the live view lists for the worker whose main process is ``worker_pid``."""
+    response = http.get("/v1/admin/fleet")
+    assert response.status_code == 200, response.text
+    return {w["pid"] for w in response.json()["workers"] if w["worker_pid"] == worker_pid}
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_the_live_view_lists_each_worker_process_until_it_dies(
+    stack: StackFactory, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    operator = make_tenant(("operator",))
+    fleet = stack(workers=1, concurrency=2, env={"RATCHET_PRESENCE_INTERVAL_SECONDS": "0.5"})
+    worker = fleet.worker_procs[0]
+    children = set(fleet.worker_child_pids(0))
+    with fleet.client(headers=operator.headers) as http:
+        # The prefork children run the steps: each of them is listed, under its worker.
+        assert wait_until(lambda: live_pids(http, worker.pid) == children), fleet.logs(tail=50)
+        first, _ = http.get("/v1/admin/fleet").json()["workers"]
+        assert first["name"].startswith(f"{fleet.worker_names[0]}@")
+        assert (first["pool"], first["concurrency"], first["busy"]) == ("prefork", 2, 0)
+
+        fleet.kill_worker(0)  # its whole process group, with no goodbye: the records run out
+        assert wait_until(lambda: live_pids(http, worker.pid) == set(), timeout=5)
