@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ratchet import cli_admin, cli_client
+from ratchet import cli_admin, cli_client, cli_webhooks
 from ratchet.console import err
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ app = RatchetCLI(
 app.add_typer(cli_admin.tenants, name="tenants")
 app.add_typer(cli_admin.keys, name="keys")
 app.add_typer(cli_client.tasks, name="tasks")
-app.add_typer(cli_admin.webhooks, name="webhooks")
+app.add_typer(cli_webhooks.webhooks, name="webhooks")
 
 
 def _bench() -> typer.Typer:

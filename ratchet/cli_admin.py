@@ -1,5 +1,5 @@
-"""``ratchet tenants|keys|webhooks``: tenants, API keys and webhook endpoints, straight on the
-database (the operator's tools; an API key cannot do this)."""
+"""``ratchet tenants|keys``: tenants and their API keys, straight on the database (the
+operator's tools; an API key cannot do this). ``ratchet webhooks`` is ``cli_webhooks``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 tenants = typer.Typer(no_args_is_help=True, help="Manage tenants.")
 keys = typer.Typer(no_args_is_help=True, help="Manage API keys.")
-webhooks = typer.Typer(no_args_is_help=True, help="Webhook secrets and endpoints.")
 
 
 @tenants.command("create")
@@ -176,70 +175,3 @@ def keys_rotate(
         _, key = rotate_key(session, get_tenant_by_name(session, tenant).id, key_id, grace=period)
     err(f"rotated; the old key stops working {'now' if not period else f'in {period}'}")
     typer.echo(key)
-
-
-@webhooks.command("secret")
-def webhooks_secret(
-    tenant: Annotated[str, typer.Option(help="tenant name")],
-    rotate: Annotated[
-        bool, typer.Option(help="make a new secret; the old one keeps signing for the overlap")
-    ] = False,
-) -> None:
-    """Print the tenant's current webhook signing secret (alone on stdout)."""
-    from datetime import timedelta
-
-    from shared.settings import get_settings
-    from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name
-    from shared.webhooks import secrets as webhook_secrets
-
-    require_migrated()
-    overlap = timedelta(hours=get_settings().webhook_secret_overlap_hours)
-    with transaction() as session:
-        tenant_id = get_tenant_by_name(session, tenant).id
-        if rotate:
-            secret = webhook_secrets.rotate(session, tenant_id, overlap=overlap)
-        else:
-            secret = webhook_secrets.current(session, tenant_id)
-    if rotate:
-        err(f"rotated; the previous secret keeps signing for {overlap}")
-    typer.echo(secret)
-
-
-@webhooks.command("add-endpoint")
-def webhooks_add_endpoint(
-    tenant: Annotated[str, typer.Option(help="tenant name")],
-    url: Annotated[str, typer.Option(help="the receiver's URL (https)")],
-    event: Annotated[
-        list[str] | None, typer.Option(help="event types (default: terminal ones)")
-    ] = None,
-) -> None:
-    """Add a default endpoint: it receives these events of every task of the tenant."""
-    from shared.errors import EgressDenied
-    from shared.settings import get_settings
-    from shared.store.db import require_migrated, transaction
-    from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
-    from shared.store.tenants import get_tenant_by_name
-    from shared.webhooks import deliveries as webhook_deliveries
-    from shared.webhooks.egress import check_url
-
-    require_migrated()
-    events = event or list(TERMINAL_EVENT_TYPES)
-    unknown = sorted(set(events) - set(EVENT_TYPES))
-    if unknown:
-        raise fail(f"unknown event type(s) {', '.join(unknown)}")
-    allowed = get_settings().webhook_allowed_hosts
-    try:
-        check_url(url, allowed_hosts=allowed, https_only=True)
-    except EgressDenied as exc:
-        # The workers check again when they send; this check can only see this shell's setting.
-        raise fail(
-            f"{exc}. This command checks the URL against RATCHET_WEBHOOK_ALLOWED_HOSTS in its "
-            f"own environment (here: {','.join(allowed) or 'not set'}): set it here too, to the "
-            "value the workers have",
-            1,
-        ) from None
-    with transaction() as session:
-        tenant_id = get_tenant_by_name(session, tenant).id
-        endpoint = webhook_deliveries.add_endpoint(session, tenant_id, url=url, events=events)
-    typer.echo(endpoint.id)

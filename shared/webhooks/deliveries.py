@@ -19,7 +19,6 @@ from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from shared.errors import NotFound
-from shared.ids import new_id
 from shared.store.db import now_ms
 from shared.store.outbox import (
     DELIVERED,
@@ -294,15 +293,3 @@ def list_for_task(
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, attempts_of(session, [r.id for r in rows]), rows[-1].id if more else None
-
-
-def add_endpoint(
-    session: Session, tenant_id: str, *, url: str, events: Sequence[str]
-) -> WebhookEndpoint:
-    endpoint = WebhookEndpoint(
-        id=new_id(), tenant_id=tenant_id, url=url, events=sorted(set(events))
-    )
-    session.add(endpoint)
-    session.flush()
-    forget_subscriptions(tenant_id)
-    return endpoint

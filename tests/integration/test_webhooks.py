@@ -32,7 +32,7 @@ from shared.settings import get_settings
 from shared.store import outbox
 from shared.store.db import transaction
 from shared.store.tables import Task, TaskEvent, WebhookDelivery, WebhookEndpoint
-from shared.webhooks import deliveries as webhook_deliveries
+from shared.webhooks import endpoints as webhook_endpoints
 from shared.webhooks import secrets as webhook_secrets
 from shared.webhooks.signing import signature
 from tests.conftest import TenantHandle
@@ -507,7 +507,7 @@ def test_410_disables_a_tenant_endpoint_for_the_tasks_after_it(
 ) -> None:
     receiver.respond("/endpoint", then=410)
     with transaction() as session:
-        endpoint_id = webhook_deliveries.add_endpoint(
+        endpoint_id = webhook_endpoints.create(
             session, tenant.id, url=receiver.url("/endpoint"), events=["task.succeeded"]
         ).id
     first = submit(client, tenant)
