@@ -25,6 +25,7 @@ from shared.store import tenants
 from shared.store.db import get_sessionmaker
 from shared.store.events import EVENT_TYPES
 from shared.store.tables import WebhookEndpoint, utcnow
+from shared.webhooks import deliveries as webhook_deliveries
 from shared.webhooks import endpoints
 
 router = APIRouter(prefix=PATH, include_in_schema=False)
@@ -39,8 +40,16 @@ def _webhooks(login: Login) -> dict[str, Any]:
     with get_sessionmaker()() as session, session.begin():
         rows = endpoints.list_for(session, scope_of(login), limit=500)
         rates = endpoints.success_rates(session, [e.id for e in rows], utcnow() - timedelta(days=1))
-        names = search.tenant_names(session, [e.tenant_id for e in rows])
-    return {"endpoints": rows, "rates": rates, "tenants": names, "event_types": EVENT_TYPES}
+        failing = webhook_deliveries.failing(session, scope_of(login))
+        owners = [e.tenant_id for e in rows] + [d.tenant_id for d in failing]
+        names = search.tenant_names(session, owners)
+    return {
+        "endpoints": rows,
+        "rates": rates,
+        "failing": failing,
+        "tenants": names,
+        "event_types": EVENT_TYPES,
+    }
 
 
 @router.get("/webhooks", response_class=HTMLResponse)

@@ -293,3 +293,12 @@ def list_for_task(
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, attempts_of(session, [r.id for r in rows]), rows[-1].id if more else None
+
+
+def failing(session: Session, tenant_id: str | None, *, limit: int = 50) -> list[WebhookDelivery]:
+    """The newest deliveries that failed for good, or were dropped because their endpoint
+    was disabled (every tenant's when ``tenant_id`` is None), from ``(status, …)``."""
+    query = select(WebhookDelivery).where(WebhookDelivery.status.in_((FAILED, DISABLED)))
+    if tenant_id is not None:
+        query = query.where(WebhookDelivery.tenant_id == tenant_id)
+    return list(session.scalars(query.order_by(WebhookDelivery.id.desc()).limit(limit)))

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from shared.ids import new_id
 from shared.store.db import transaction
-from shared.store.tables import Task
+from shared.store.tables import Task, WebhookDelivery
 from shared.webhooks import secrets as webhook_secrets
 from tests.conftest import TenantHandle
 from tests.helpers import calculator_script, tool_turn
@@ -236,3 +237,43 @@ def test_the_json_overview_counts_a_tenants_tasks_and_the_fleets(
     )
     assert [t["id"] for t in found.json()["items"]] == [failed]
     assert_problem(client.get("/v1/admin/tasks?status=nope", headers=operator.headers), 422)
+
+
+def test_failing_deliveries_are_listed_for_their_tenant_and_can_be_redelivered(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    admin, other = make_tenant(ADMIN), make_tenant(ADMIN)
+    task_id = submit(client, admin)["id"]
+    with transaction() as session:
+        session.add(
+            WebhookDelivery(
+                id=new_id(),
+                tenant_id=admin.id,
+                task_id=task_id,
+                event_seq=1,
+                event_type="task.queued",
+                url="https://hooks.example/down",
+                payload={},
+                status="failed",
+                attempts=8,
+                last_error="HTTP 503",
+            )
+        )
+    token = login(client, admin.key)
+    page = client.get("/dashboard/webhooks").text
+    assert "https://hooks.example/down" in page
+    assert "HTTP 503" in page
+    delivery = re.search(r'data-delivery="([^"]+)"', page)
+    assert delivery is not None
+    again = client.post(
+        f"/dashboard/tasks/{task_id}/deliveries/{delivery.group(1)}/redeliver",
+        data={"csrf_token": token},
+    )
+    assert "Redelivery queued" in again.text
+    with transaction() as session:
+        row = session.get(WebhookDelivery, delivery.group(1))
+        assert row is not None
+        assert row.status == "pending"
+    client.cookies.clear()
+    login(client, other.key)
+    assert "hooks.example/down" not in client.get("/dashboard/webhooks").text
