@@ -277,3 +277,25 @@ def test_failing_deliveries_are_listed_for_their_tenant_and_can_be_redelivered(
     client.cookies.clear()
     login(client, other.key)
     assert "hooks.example/down" not in client.get("/dashboard/webhooks").text
+
+
+def test_the_task_page_says_why_a_task_waits_and_lists_its_failed_model_calls(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    admin = make_tenant(ADMIN)
+    task_id = submit(client, admin)["id"]
+    failed_call = {
+        "started_at": "2026-11-23T10:00:00+00:00",
+        "latency_ms": 812,
+        "error": {"type": "rate_limited", "message": "scripted: rate limited (429)"},
+    }
+    waiting = {"reason": "rate_limited", "scope": "model:openai:gpt-4o", "retry_in_ms": 4000}
+    with transaction() as session:
+        task = session.get(Task, task_id)
+        assert task is not None
+        task.waiting = waiting | {"model_attempts": [failed_call]}
+    login(client, admin.key)
+    page = client.get(f"/dashboard/tasks/{task_id}").text
+    assert "rate limited</strong> on <code>model:openai:gpt-4o</code>, for 4.0 s" in page
+    assert "812 ms" in page
+    assert "scripted: rate limited (429)" in page
