@@ -115,5 +115,6 @@ def require(scope: str) -> Callable[[Principal], Awaitable[Principal]]:
 
 Reader = Annotated[Principal, Depends(require("tasks:read"))]
 Writer = Annotated[Principal, Depends(require("tasks:write"))]
+Approver = Annotated[Principal, Depends(require("tasks:approve"))]
 Admin = Annotated[Principal, Depends(require(ADMIN))]
 Operator = Annotated[Principal, Depends(require(OPERATOR))]

@@ -20,6 +20,7 @@ from api.problems import REASONS, Problem, responses
 from api.routes import (
     admin,
     agents,
+    approvals,
     events,
     fleet,
     health,
@@ -141,6 +142,7 @@ def create_app() -> FastAPI:
     app.include_router(health.router, responses=ANY_REQUEST)
     for router in (
         tasks,
+        approvals,
         events,
         webhooks,
         agents,

@@ -119,6 +119,23 @@ class Budget(BaseModel):
     max_cost_usd: float | None = Field(None, gt=0, description="the model calls' cost, in USD")
 
 
+class ApprovalSpec(BaseModel):
+    """Tools whose calls wait for a person's decision in this task (besides those that always
+    ask), how long a decision may take, and what happens when none came."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    tools: Annotated[list[ShortText], Field(max_length=100)] = Field(
+        default_factory=list, description="tool names, each one of the task's tools"
+    )
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=30 * 86_400, description="default: RATCHET_APPROVAL_TIMEOUT_SECONDS"
+    )
+    on_timeout: Literal["reject", "approve", "fail"] | None = Field(
+        None, description="default: RATCHET_APPROVAL_ON_TIMEOUT"
+    )
+
+
 class WebhookSpec(BaseModel):
     """Where to POST the task's events (Standard Webhooks: signed, retried)."""
 
@@ -178,6 +195,7 @@ class TaskCreate(BaseModel):
     )
     budget: Budget | None = None
     webhook: WebhookSpec | None = None
+    approval: ApprovalSpec | None = None
     metadata: Annotated[
         dict[Annotated[Text, Field(max_length=100)], MetadataValue], Field(max_length=50)
     ] = Field(default_factory=dict, description="yours: returned with the task, never read")
@@ -200,6 +218,19 @@ class ToolCallOut(BaseModel):
     runs: int
     started_at: datetime
     finished_at: datetime | None
+    approval: CallApproval | None = Field(
+        None, description="for a call that needed a person's decision: its deadline and decision"
+    )
+
+
+class CallApproval(BaseModel):
+    deadline: datetime | None
+    on_timeout: str | None
+    decision: str | None = Field(description="approve, edit or reject; null while it waits")
+    decided_by: str | None = Field(description="`key:<id>`, or `timeout`")
+    decided_at: datetime | None
+    reason: str | None
+    original_arguments: dict[str, Any] | None = Field(description="the model's, if edited")
 
 
 class StepOut(BaseModel):
@@ -238,7 +269,10 @@ class ToolOut(BaseModel):
     description: str
     parameters: dict[str, Any]
     idempotent: bool
-    requires_approval: bool
+    requires_approval: bool = Field(
+        description="whether its calls wait for a person: always, or as a predicate over the "
+        "arguments decides (a submission may ask for more)"
+    )
     timeout: float | None
 
 

@@ -99,6 +99,14 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         except EgressDenied as exc:
             raise InvalidRequest("webhook.url", str(exc)) from exc
         webhook = body.webhook.model_dump(mode="json")
+    approval = None
+    if body.approval is not None:
+        for index, name in enumerate(body.approval.tools):
+            if name not in tools:
+                raise InvalidRequest(
+                    f"approval.tools[{index}]", f"{name!r} is not a tool of this task"
+                )
+        approval = body.approval.model_dump(exclude_none=True)
     return NewTask(
         agent=agent.name,
         model=model,
@@ -111,6 +119,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         webhook=webhook,
         metadata=body.metadata,
         deadline_seconds=settings.task_deadline_seconds or None,
+        approval=approval,
     )
 
 

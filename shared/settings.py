@@ -76,6 +76,11 @@ class Settings(BaseSettings):
     # Flower, for the fleet view to link to (e.g. https://flower.example.com); none if unset.
     flower_url: str | None = None
 
+    # How long a tool call may wait for a person's decision (unless its tool or the task
+    # says otherwise), and what happens then: reject the call, approve it, or fail the task.
+    approval_timeout_seconds: float = Field(86_400.0, gt=0, le=30 * 86_400)
+    approval_on_timeout: Literal["reject", "approve", "fail"] = "reject"
+
     model_timeout_seconds: float = Field(60.0, gt=0)
     model_max_attempts: int = Field(5, ge=1)
     model_retry_base_seconds: float = Field(0.5, ge=0)

@@ -46,6 +46,20 @@ def upsert_record(key: str, context: ToolContext) -> str:
     return f"stored {key}"
 
 
+@tool(requires_approval=True)
+def wire_money(to: str, amount: int, context: ToolContext) -> str:
+    """Wire money (always asks a person first)."""
+    _record("wire", context)
+    return f"wired {amount} to {to}"
+
+
+@tool(requires_approval=lambda args: args.get("amount", 0) > 500)
+def refund(amount: int, context: ToolContext) -> str:
+    """Refund a customer (asks a person above 500)."""
+    _record("refund", context)
+    return f"refunded {amount}"
+
+
 register_agent(
     Agent(
         name="ops",
@@ -59,6 +73,8 @@ register_agent(
             "calculator",
             "sleep",
             "http_request",
+            "wire_money",
+            "refund",
         ),
     )
 )

@@ -8,6 +8,9 @@ for the same step race for one lease. They are not free, though: a task or a del
 is only waiting behind a backlog keeps its message (see ``queue.oldest_waiting_ms``), and one
 that got a new message gets no other for the grace.
 
+It also applies the policy of every approval past its deadline (reject, approve, or fail the
+task), exactly once whatever else decides at the same moment.
+
 Every worker process runs a sweeper thread; on Postgres an advisory lock lets one sweep
 at a time. Each sweep that held the lock is recorded for the operator's live view
 (``shared.ops.fleet``): when, by which process, and what it sent again.
@@ -18,15 +21,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 from sqlalchemy import select
 
+from shared.approvals import decisions
 from shared.ops import fleet
 from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 from shared.store import tasks
 from shared.store.backends import backend_of, write_session
 from shared.store.db import now_ms, transaction
+from shared.store.tables import Task
 from shared.webhooks import deliveries as webhook_deliveries
 from workers import presence
 
@@ -57,6 +63,8 @@ def sweep_once() -> int:
         sends_before = _waiting_since(sends_sent, offset)
         candidates = tasks.due_for_sweep(session, grace_ms=grace_ms, sent_before_ms=steps_before)
         lost_sends = webhook_deliveries.due(session, grace_ms=grace_ms, sent_before_ms=sends_before)
+        expired = decisions.due(session)
+    expire_approvals(expired)
     with write_session() as session:
         ids = [task_id for task_id, _ in candidates]
         overdue = tasks.mark_redispatched(
@@ -76,6 +84,19 @@ def sweep_once() -> int:
         deliveries_resent=len(deliveries),
     )
     return len(overdue) + len(deliveries)
+
+
+def expire_approvals(expired: Sequence[tuple[str, str, str]]) -> None:
+    """Apply each deadline's policy, each call in a transaction of its own: a decision that
+    got there first wins, and the deadline changes nothing."""
+    for task_id, call_id, policy in expired:
+        with transaction() as session:
+            resumed, deliveries = decisions.expire(session, task_id, call_id, policy)
+            step = session.scalar(select(Task.steps).where(Task.id == task_id)) if resumed else None
+        log.info("approval of %s %s timed out: %s", task_id, call_id, policy)
+        enqueue_deliveries(deliveries)
+        if step is not None:
+            enqueue_step(task_id, step + 1)
 
 
 def _waiting_since(sent_ms: int | None, offset_ms: int) -> int | None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from api.dashboard import admin_pages, auth, pages, task_pages
+from api.dashboard import admin_pages, approval_pages, auth, pages, task_pages
 from api.dashboard.render import HERE
 
 
 def install(app: FastAPI) -> None:
     app.mount("/dashboard/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
-    for module in (auth, pages, task_pages, admin_pages):
+    for module in (auth, pages, task_pages, admin_pages, approval_pages):
         app.include_router(module.router)
     app.add_exception_handler(auth.LoginRequired, auth.login_redirect)
     app.add_exception_handler(auth.Forbidden, auth.forbidden)

@@ -43,7 +43,7 @@ def list_agents(
                         description=t.description,
                         parameters=t.parameters_schema,
                         idempotent=t.idempotent,
-                        requires_approval=t.requires_approval,
+                        requires_approval=t.requires_approval is not False,
                         timeout=t.timeout,
                     )
                     for t in tools

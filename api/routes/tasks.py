@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -19,7 +20,15 @@ from api.deps import Reader, SessionDep, Writer
 from api.event_hub import hub
 from api.params import cursor_after, parse_seq
 from api.problems import responses
-from api.schemas import FailedModelCall, StepList, StepOut, TaskCreate, TaskList, ToolCallOut
+from api.schemas import (
+    CallApproval,
+    FailedModelCall,
+    StepList,
+    StepOut,
+    TaskCreate,
+    TaskList,
+    ToolCallOut,
+)
 from api.stream_limits import limits
 from shared import notify
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
@@ -360,7 +369,22 @@ def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:
                 runs=c.runs,
                 started_at=aware(c.started_at),
                 finished_at=aware(c.finished_at),
+                approval=_approval(c),
             )
             for c in calls
         ],
+    )
+
+
+def _approval(call: ToolCall) -> CallApproval | None:
+    if call.approval_deadline_ms is None:
+        return None
+    return CallApproval(
+        deadline=datetime.fromtimestamp(call.approval_deadline_ms / 1000, UTC),
+        on_timeout=call.approval_on_timeout,
+        decision=call.decision,
+        decided_by=call.decided_by,
+        decided_at=aware(call.decided_at),
+        reason=call.decision_reason,
+        original_arguments=call.original_arguments,
     )

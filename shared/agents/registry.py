@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from shared.errors import NotFound, ToolArgumentsInvalid
 
 UnknownOutcomePolicy = Literal["fail", "tell_model"]
+ApprovalTimeoutPolicy = Literal["reject", "approve", "fail"]
+ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -42,10 +44,23 @@ class Tool:
     func: Callable[..., Any]
     arguments_model: type[BaseModel]
     idempotent: bool = False
-    requires_approval: bool = False
+    requires_approval: ApprovalRule = False
     timeout: float | None = None
     on_unknown_outcome: UnknownOutcomePolicy = "fail"
     wants_context: bool = False
+    approval_timeout: float | None = None  # seconds a decision may take (default: the setting)
+    on_approval_timeout: ApprovalTimeoutPolicy | None = None
+
+    def needs_approval(self, arguments: dict[str, Any]) -> bool:
+        """Whether a person must approve this call first: always, never, or as the tool's
+        predicate says about these arguments (a predicate that raises asks, to be safe)."""
+        rule = self.requires_approval
+        if not callable(rule):
+            return bool(rule)
+        try:
+            return bool(rule(arguments))
+        except Exception:
+            return True
 
     @cached_property
     def parameters_schema(self) -> dict[str, Any]:
@@ -126,18 +141,22 @@ def tool(
     *,
     name: str | None = None,
     idempotent: bool = False,
-    requires_approval: bool = False,
+    requires_approval: ApprovalRule = False,
     timeout: float | None = None,
     on_unknown_outcome: UnknownOutcomePolicy | None = None,
+    approval_timeout: float | None = None,
+    on_approval_timeout: ApprovalTimeoutPolicy | None = None,
 ) -> Callable[[F], F]: ...
 def tool(
     func: F | None = None,
     *,
     name: str | None = None,
     idempotent: bool = False,
-    requires_approval: bool = False,
+    requires_approval: ApprovalRule = False,
     timeout: float | None = None,
     on_unknown_outcome: UnknownOutcomePolicy | None = None,
+    approval_timeout: float | None = None,
+    on_approval_timeout: ApprovalTimeoutPolicy | None = None,
 ) -> F | Callable[[F], F]:
     """Register a type-hinted function as a tool. Its docstring is what the model reads.
 
@@ -145,6 +164,11 @@ def tool(
     to the model. ``idempotent`` tools are re-run after a crash left their outcome unknown;
     for the others ``on_unknown_outcome`` decides: ``fail`` the task (the default) or
     ``tell_model`` that the outcome is unknown.
+
+    ``requires_approval`` (``True``, or a predicate over the call's arguments) makes each
+    call wait for a person's decision; ``approval_timeout`` seconds later
+    ``on_approval_timeout`` applies (``reject``, ``approve`` or ``fail`` the task; default:
+    the settings ``RATCHET_APPROVAL_TIMEOUT_SECONDS`` and ``RATCHET_APPROVAL_ON_TIMEOUT``).
     """
 
     def register(fn: F) -> F:
@@ -160,6 +184,8 @@ def tool(
             timeout=timeout,
             on_unknown_outcome=on_unknown_outcome or "fail",
             wants_context=wants_context,
+            approval_timeout=approval_timeout,
+            on_approval_timeout=on_approval_timeout,
         )
         return fn
 

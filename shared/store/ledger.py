@@ -1,8 +1,9 @@
 """The tool-call ledger: one row per tool call, unique on (task, call id).
 
-A row goes ``started → succeeded | failed``. A ``succeeded`` or ``failed`` row is final and
-is replayed, never re-run; a ``started`` row found after a crash is a call whose outcome is
-unknown.
+A row goes ``started → succeeded | failed``; a call that needs approval first waits as
+``awaiting`` (an approval starts it, a rejection ends it ``failed`` without a run). A
+``succeeded`` or ``failed`` row is final and is replayed, never re-run; a ``started`` row
+found after a crash is a call whose outcome is unknown.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from shared.store.tables import ToolCall, utcnow
 
 _CALLS = cast(Table, ToolCall.__table__)
 STARTED = "started"
+AWAITING = "awaiting"  # waits for a person's decision before it may run
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 
@@ -68,6 +70,58 @@ def started(
             "lease_epoch": lease.epoch,
             "started_at": utcnow(),
         },
+    )
+
+
+def awaiting(
+    lease: Lease,
+    *,
+    position: int,
+    call_id: str,
+    provider_call_id: str,
+    tool: str,
+    arguments: dict[str, Any],
+    deadline_ms: int,
+    on_timeout: str,
+) -> Add:
+    """The row of a call that must be approved before it runs: written with the fenced write
+    that puts the task to wait, it is not run (``runs`` 0) until a decision says so."""
+    return Add(
+        _CALLS,
+        {
+            "task_id": lease.task_id,
+            "step_number": lease.step,
+            "position": position,
+            "call_id": call_id,
+            "provider_call_id": provider_call_id,
+            "tool": tool,
+            "arguments": arguments,
+            "status": AWAITING,
+            "idempotency_key": idempotency_key(lease.task_id, call_id),
+            "runs": 0,
+            "lease_epoch": lease.epoch,
+            "started_at": utcnow(),
+            "approval_deadline_ms": deadline_ms,
+            "approval_on_timeout": on_timeout,
+        },
+    )
+
+
+def approved_start(lease: Lease, call_id: str) -> Change:
+    """An approved (or edited) call starts: ``awaiting`` → ``started``, its first run."""
+    return Change(
+        _CALLS,
+        {"call_id": call_id, "status": AWAITING},
+        {"status": STARTED, "runs": 1, "lease_epoch": lease.epoch, "started_at": utcnow()},
+    )
+
+
+def rejected(call_id: str, *, error: str) -> Change:
+    """A rejected call never runs: ``awaiting`` → ``failed``, the rejection as its error."""
+    return Change(
+        _CALLS,
+        {"call_id": call_id, "status": AWAITING},
+        {"status": FAILED, "error": error, "finished_at": utcnow()},
     )
 
 

@@ -127,6 +127,8 @@ class Task(Base):
     result: Mapped[dict[str, Any] | None]
     error: Mapped[dict[str, Any] | None]
     pending_approval: Mapped[dict[str, Any] | None]
+    # The submission's approval policy: {"tools": [...], "timeout_seconds": n, "on_timeout": …}
+    approval: Mapped[dict[str, Any] | None]
 
     # Leases: a worker owns the task while lease_expires_ms (database clock) is in the future.
     lease_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -167,7 +169,11 @@ class ToolCall(Base):
     """The tool-call ledger: one row per call, unique on (task, call id)."""
 
     __tablename__ = "tool_calls"
-    __table_args__ = (UniqueConstraint("task_id", "call_id", name="uq_tool_calls_task_call"),)
+    __table_args__ = (
+        UniqueConstraint("task_id", "call_id", name="uq_tool_calls_task_call"),
+        # The sweeper's look for approvals past their deadline.
+        Index("ix_tool_calls_awaiting", "status", "approval_deadline_ms"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
@@ -185,6 +191,16 @@ class ToolCall(Base):
     lease_epoch: Mapped[int] = mapped_column(BigInteger)
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+    # A call that waits for a person (status "awaiting"): its deadline and what happens then,
+    # and once decided: approve, edit or reject, by whom, when and why. An edit keeps the
+    # model's own arguments in ``original_arguments``.
+    approval_deadline_ms: Mapped[int | None] = mapped_column(BigInteger)
+    approval_on_timeout: Mapped[str | None] = mapped_column(String(16))
+    decision: Mapped[str | None] = mapped_column(String(16))
+    decided_by: Mapped[str | None] = mapped_column(String(200))
+    decided_at: Mapped[datetime | None]
+    decision_reason: Mapped[str | None] = mapped_column(Text)
+    original_arguments: Mapped[dict[str, Any] | None]
 
 
 class TaskEvent(Base):

@@ -34,6 +34,7 @@ class NewTask:
     webhook: dict[str, Any] | None
     metadata: dict[str, Any]
     deadline_seconds: float | None = None
+    approval: dict[str, Any] | None = None
 
 
 def create_task(
@@ -59,6 +60,7 @@ def create_task(
         budget=spec.budget,
         webhook=spec.webhook,
         meta=spec.metadata,
+        approval=spec.approval,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         due_ms=now_ms(),

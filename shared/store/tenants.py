@@ -24,6 +24,8 @@ from shared.webhooks import secrets as webhook_secrets
 
 OPERATOR = "operator"
 ADMIN = "admin"
+WRITE = "tasks:write"
+APPROVE = "tasks:approve"
 TENANT_SCOPES = ("tasks:read", "tasks:write", "tasks:approve", ADMIN)
 SCOPES = (*TENANT_SCOPES, OPERATOR)
 DEFAULT_SCOPES = ("tasks:read", "tasks:write")
@@ -44,6 +46,8 @@ class Principal:
 
     def allows(self, scope: str) -> bool:
         if scope in self.scopes or OPERATOR in self.scopes:
+            return True
+        if scope == APPROVE and WRITE in self.scopes:  # who may submit may decide; not vice versa
             return True
         return ADMIN in self.scopes and scope != OPERATOR
 

@@ -203,6 +203,7 @@ def terminal_values(
         "cancel_requested_at": None,
         "model_failures": 0,
         "waiting": None,
+        "pending_approval": None,
     }
     if steps is not None:
         values["steps"] = steps
@@ -275,3 +276,19 @@ def add_usage(*, input_tokens: int, output_tokens: int, cost_usd: float) -> Task
     return TaskWrite(
         usage_values(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd)
     )
+
+
+def await_approval(pending: dict[str, Any]) -> TaskWrite:
+    """The step's calls in ``pending`` wait for a person: the task leaves the workers
+    (``awaiting_approval``, no lease, no due time, the attempt not counted) until every one
+    of them is decided, with ``task.awaiting_approval`` carrying what waits."""
+    values: dict[str, Any] = {
+        "status": TaskStatus.AWAITING_APPROVAL,
+        "pending_approval": pending,
+        "waiting": None,
+        "attempt": Increment(-1),
+        "lease_owner": None,
+        "lease_expires_ms": None,
+        "due_ms": None,
+    }
+    return TaskWrite(values, (("task.awaiting_approval", task_document),))

@@ -299,3 +299,32 @@ def test_the_task_page_says_why_a_task_waits_and_lists_its_failed_model_calls(
     assert "rate limited</strong> on <code>model:openai:gpt-4o</code>, for 4.0 s" in page
     assert "812 ms" in page
     assert "scripted: rate limited (429)" in page
+
+
+def test_the_approvals_queue_shows_waiting_calls_and_decides_them(
+    client: TestClient, make_tenant: Callable[..., TenantHandle], drive: Callable[..., str]
+) -> None:
+    admin, other = make_tenant(ADMIN), make_tenant(ADMIN)
+    wire = tool_turn("wire_money", to="alice", amount=900)
+    body = {"agent": "ops", "model_options": {"script": [wire, {"content": "done"}]}}
+    task_id = submit(client, admin, **body)["id"]
+    assert drive(task_id) == "awaiting_approval"
+    token = login(client, admin.key)
+    queue = client.get("/dashboard/approvals").text
+    assert task_id in queue
+    assert "wire_money" in queue
+    url = f"/dashboard/tasks/{task_id}/approvals/1-0"
+    bad = client.post(url, data={"csrf_token": token, "decision": "edit", "arguments": "{"})
+    assert "Not decided" in bad.text
+    assert status_of(task_id) == "awaiting_approval"
+    assert client.post(url, data={"decision": "approve"}).status_code == 403  # no CSRF token
+    done = client.post(url, data={"csrf_token": token, "decision": "approve", "reason": "ok"})
+    assert "approve recorded" in done.text
+    assert status_of(task_id) == "running"
+    assert drive(task_id) == "succeeded"
+    assert "approved by key:" in client.get(f"/dashboard/tasks/{task_id}").text
+    client.cookies.clear()
+    other_token = login(client, other.key)
+    assert task_id not in client.get("/dashboard/approvals").text
+    foreign = client.post(url, data={"csrf_token": other_token, "decision": "reject"})
+    assert "Not decided" in foreign.text

@@ -46,6 +46,7 @@ _DEFAULTS: dict[str, Any] = {
     "result": None,
     "error": None,
     "pending_approval": None,
+    "approval": None,
     "lease_epoch": 3,
     "lease_owner": "host:1:1",
     "lease_expires_ms": CLOCK_MS + TTL_MS,

@@ -7,9 +7,10 @@ import os
 import socket
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -141,7 +142,7 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
             {
                 "role": "assistant",
                 "content": step.response.get("content"),
-                "tool_calls": step.response.get("tool_calls", []),
+                "tool_calls": as_decided(step.response.get("tool_calls", []), by_step[step.number]),
             }
         )
         for call in by_step[step.number]:
@@ -164,8 +165,9 @@ def said(ctx: Context, response: ModelResponse) -> list[Message]:
     rows, made from what this step answered and recorded. (The same JSON; an object read back
     from PostgreSQL may list its keys in another order.)"""
     answer = response.to_dict()
+    calls = as_decided(answer["tool_calls"], ctx.calls.values())
     messages: list[Message] = [
-        {"role": "assistant", "content": answer["content"], "tool_calls": answer["tool_calls"]}
+        {"role": "assistant", "content": answer["content"], "tool_calls": calls}
     ]
     for position, call in enumerate(response.tool_calls):
         call_id = ledger.call_id(ctx.lease.step, position)
@@ -182,3 +184,12 @@ def said(ctx: Context, response: ModelResponse) -> list[Message]:
             {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
         )
     return messages
+
+
+def as_decided(requested: list[dict[str, Any]], rows: Iterable[ToolCall]) -> list[dict[str, Any]]:
+    """The model's tool calls as a person decided them: an edited call carries the arguments
+    it ran with, so the model sees the call as edited."""
+    edited = {r.provider_call_id: r.arguments for r in rows if r.original_arguments is not None}
+    if not edited:
+        return requested
+    return [c | {"arguments": edited[c["id"]]} if c.get("id") in edited else c for c in requested]

@@ -36,6 +36,7 @@ from shared.views import TaskState
 from workers import cancels, heartbeat
 from workers.providers import ModelResponse
 from workers.providers.base import Message
+from workers.steps import approvals
 from workers.steps.context import Context, following_context, load_context, said, worker_id
 from workers.steps.model import call_model, check_limits, record_response
 from workers.steps.tools import run_tool_call
@@ -266,11 +267,14 @@ def run_step(ctx: Context) -> bool:
         response = answer.response
     else:
         response = ModelResponse.from_dict(ctx.step_row.response)
+    waiting = approvals.pending(ctx, response)
+    ready = [p for p in range(len(response.tool_calls)) if p not in waiting]
     completed = False
-    for position, call in enumerate(response.tool_calls):
-        completed = run_tool_call(
-            ctx, position, call, last=position == len(response.tool_calls) - 1
-        )
+    for position in ready:  # the last commits the step's completion, unless calls wait
+        last = not waiting and position == ready[-1]
+        completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
+    if waiting:
+        approvals.wait(ctx, response, waiting)
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(ctx) as writes:
             writes.set(completion(ctx))

@@ -5,6 +5,7 @@ and its outcome is committed; the last one commits with the step's completion.""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry.trace import StatusCode
@@ -13,10 +14,12 @@ from shared import failpoints
 from shared.agents.registry import Tool, ToolContext
 from shared.observability import metrics, tracing
 from shared.store import checkpoints, ledger
+from shared.store.batch import Part
 from shared.store.tables import TaskStatus
 from shared.store.writes import finish_task, log_events
 from workers import cancels, tool_runner
 from workers.providers import ToolCallRequest
+from workers.steps import approvals
 from workers.steps.context import Context
 from workers.steps.writes import TaskEnded, cancel, completion, fenced
 
@@ -30,24 +33,34 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     lease = ctx.lease
     call_id = ledger.call_id(lease.step, position)
     row = ctx.calls.get(call_id)
-    if row is not None and row.status != ledger.STARTED:
-        return False
     tool = ctx.tools.get(call.name)
-    if row is not None and tool is not None and not tool.idempotent:
-        return resolve_unknown_outcome(ctx, tool, call_id, last=last)
-    with fenced(ctx) as writes:
-        if row is None:
-            started = ledger.started(
-                lease,
-                position=position,
-                call_id=call_id,
-                provider_call_id=call.id,
-                tool=call.name,
-                arguments=call.arguments,
+    if row is not None and row.status == ledger.AWAITING:  # decided: see workers.steps.approvals
+        if row.decision == "reject":
+            rejected = tool_runner.Outcome(ok=False, error=approvals.rejection(row))
+            finish = ledger.rejected(call_id, error=rejected.error or "")
+            record_outcome(
+                ctx, call_id=call_id, name=call.name, outcome=rejected, last=last, finish=finish
             )
-            writes.add(started)
-        else:
-            writes.add(ledger.rerun(lease, call_id))
+            return last
+        call = replace(call, arguments=row.arguments)  # as approved, or as edited
+        start: Part = ledger.approved_start(lease, call_id)
+    elif row is not None and row.status != ledger.STARTED:
+        return False
+    elif row is not None and tool is not None and not tool.idempotent:
+        return resolve_unknown_outcome(ctx, tool, call_id, last=last)
+    elif row is None:
+        start = ledger.started(
+            lease,
+            position=position,
+            call_id=call_id,
+            provider_call_id=call.id,
+            tool=call.name,
+            arguments=call.arguments,
+        )
+    else:
+        start = ledger.rerun(lease, call_id)
+    with fenced(ctx) as writes:
+        writes.add(start)
     failpoints.hit("tool_call")
     try:
         outcome = invoke(ctx, tool, call, call_id)
@@ -100,9 +113,11 @@ def record_outcome(
     outcome: tool_runner.Outcome,
     last: bool,
     end_task: dict[str, Any] | None = None,
+    finish: Part | None = None,
 ) -> None:
     """Commit a call's outcome; with ``last`` the step completes in the same write, with
-    ``end_task`` (an error) the task fails in it."""
+    ``end_task`` (an error) the task fails in it. ``finish``: the ledger's change, if not
+    the outcome of a started call (a rejection)."""
     lease = ctx.lease
     ctx.outcomes[call_id] = outcome
     status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
@@ -123,7 +138,8 @@ def record_outcome(
     with fenced(ctx) as writes:
         writes.set(change)
         writes.add(
-            ledger.outcome(call_id, status=status, result=outcome.result, error=outcome.error)
+            finish
+            or ledger.outcome(call_id, status=status, result=outcome.result, error=outcome.error)
         )
         if last and end_task is None:
             writes.add(checkpoints.completion(lease))

@@ -1,0 +1,107 @@
+"""``POST /v1/tasks/{id}/approvals/{call_id}``: a person's decision on a tool call that waits
+for one. Scope ``tasks:approve`` (which ``tasks:write`` includes)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import Approver, SessionDep
+from api.problems import responses
+from shared import notify
+from shared.approvals.decisions import Decided, decide
+from shared.queue import enqueue_deliveries, enqueue_step
+from shared.views import TaskView, aware, task_view
+
+log = logging.getLogger("ratchet.api")
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+
+class ApprovalDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "edit", "reject"]
+    arguments: dict[str, Any] | None = Field(
+        None, description="for `edit`: the arguments to run the call with (checked by its tool)"
+    )
+    reason: str | None = Field(None, max_length=2000, description="why; the model reads it")
+
+
+class ApprovalOut(BaseModel):
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = Field(description="as the call runs (edited, if it was)")
+    original_arguments: dict[str, Any] | None = Field(description="the model's, if edited")
+    decision: str
+    decided_by: str
+    decided_at: datetime | None
+    reason: str | None
+    replayed: bool = Field(description="this decision had been made before: nothing changed")
+    task: TaskView
+
+
+def after_commit(decided: Decided) -> None:
+    """Wake readers, send webhooks, and (if the step waits no more) run it."""
+    notify.publish([decided.task.id])
+    try:
+        enqueue_deliveries(decided.deliveries)
+        if decided.resumed:
+            enqueue_step(decided.task.id, decided.task.steps + 1)
+    except Exception:
+        log.exception("enqueue failed; the sweeper will retry", extra={"task_id": decided.task.id})
+
+
+def approval_out(decided: Decided) -> ApprovalOut:
+    call = decided.call
+    return ApprovalOut(
+        call_id=call.call_id,
+        tool=call.tool,
+        arguments=call.arguments,
+        original_arguments=call.original_arguments,
+        decision=call.decision or "",
+        decided_by=call.decided_by or "",
+        decided_at=aware(call.decided_at),
+        reason=call.decision_reason,
+        replayed=decided.replayed,
+        task=task_view(decided.task),
+    )
+
+
+@router.post(
+    "/{task_id}/approvals/{call_id}",
+    response_model=ApprovalOut,
+    summary="Approve, edit or reject a waiting tool call",
+    responses=responses(
+        {
+            404: "no such task, or no such call waiting for a decision",
+            409: "the call was already decided otherwise, or its task no longer waits",
+            422: "the body is invalid, or an edit's arguments do not fit the tool",
+        }
+    ),
+)
+def decide_call(
+    task_id: str, call_id: str, body: ApprovalDecision, principal: Approver, session: SessionDep
+) -> ApprovalOut:
+    """Decide once: the same decision again answers with the stored one (``replayed``); a
+    different one is a 409. When the step's last waiting call is decided, the task runs on:
+    approved calls run once (edited ones with the new arguments), and the model reads each
+    rejection with its reason."""
+    with session.begin():
+        decided = decide(
+            session,
+            task_id,
+            call_id,
+            decision=body.decision,
+            decided_by=f"key:{principal.key_id}",
+            tenant_id=principal.tenant_id,
+            arguments=body.arguments,
+            reason=body.reason,
+        )
+        out = approval_out(decided)
+    if not decided.replayed:
+        after_commit(decided)
+    return out

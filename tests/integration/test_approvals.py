@@ -1,0 +1,237 @@
+"""Tool calls that wait for a person: the task waits holding nothing, and each decision is
+made once — approve runs the call once, edit runs it once with the new arguments, reject
+never runs it and the model reads why; deadlines apply their policy once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from shared.store.db import transaction
+from shared.store.tables import Task, ToolCall
+from tests.conftest import TenantHandle
+from tests.helpers import scripted_task, tool_turn
+from tests.integration.test_api import assert_problem
+
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
+WIRE = tool_turn("wire_money", to="alice", amount=900)
+DONE = {"content": "done"}
+
+
+@pytest.fixture
+def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "journal"
+    path.touch()
+    monkeypatch.setenv("RATCHET_TEST_JOURNAL", str(path))
+    return path
+
+
+def start(
+    client: TestClient, tenant: TenantHandle, script: list[dict[str, Any]], **extra: Any
+) -> str:
+    body = scripted_task(script, agent="ops", **extra)
+    answer = client.post("/v1/tasks", json=body, headers=tenant.headers)
+    assert answer.status_code == 202, answer.text
+    return str(answer.json()["id"])
+
+
+def decide(
+    client: TestClient, tenant: TenantHandle, task_id: str, call_id: str = "1-0", **body: Any
+) -> Any:
+    return client.post(
+        f"/v1/tasks/{task_id}/approvals/{call_id}", json=body, headers=tenant.headers
+    )
+
+
+def calls(task_id: str) -> list[ToolCall]:
+    with transaction() as session:
+        rows = session.query(ToolCall).filter_by(task_id=task_id).order_by(ToolCall.id).all()
+        session.expunge_all()
+        return rows
+
+
+def test_approve_runs_the_call_once_and_the_task_succeeds(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
+) -> None:
+    task_id = start(client, tenant, [WIRE, DONE])
+    assert drive(task_id) == "awaiting_approval"
+    task = client.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()
+    (pending,) = task["pending_approval"]["calls"]
+    assert (pending["call_id"], pending["tool"]) == ("1-0", "wire_money")
+    assert pending["arguments"] == {"to": "alice", "amount": 900}
+    assert journal.read_text() == ""  # nothing ran while it waited
+    answer = decide(client, tenant, task_id, decision="approve", reason="looks right")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["task"]["status"] == "running"
+    assert drive(task_id) == "succeeded"
+    assert journal.read_text().splitlines() == [f"wire {task_id}:1-0"]
+    (call,) = calls(task_id)
+    assert (call.status, call.decision, call.runs) == ("succeeded", "approve", 1)
+    assert call.decided_by
+    assert call.decided_by.startswith("key:")
+    steps = client.get(f"/v1/tasks/{task_id}/steps", headers=tenant.headers).json()
+    approval = steps["items"][0]["tool_calls"][0]["approval"]
+    assert (approval["decision"], approval["reason"]) == ("approve", "looks right")
+    events = client.get(f"/v1/tasks/{task_id}/events", headers=tenant.headers).text
+    assert "event: task.awaiting_approval" in events
+    assert '"decision":"approve"' in events
+
+
+def test_edit_runs_the_call_once_with_the_edited_arguments(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
+) -> None:
+    task_id = start(client, tenant, [WIRE, DONE])
+    drive(task_id)
+    bad = decide(client, tenant, task_id, decision="edit", arguments={"to": "bob"})
+    assert assert_problem(bad, 422)["errors"][0]["field"] == "arguments"
+    edit = {"to": "bob", "amount": 5}
+    assert decide(client, tenant, task_id, decision="edit", arguments=edit).status_code == 200
+    assert drive(task_id) == "succeeded"
+    assert journal.read_text().splitlines() == [f"wire {task_id}:1-0"]
+    (call,) = calls(task_id)
+    assert (call.arguments, call.original_arguments) == (edit, {"to": "alice", "amount": 900})
+    assert call.result == "wired 5 to bob"
+
+
+def test_reject_never_runs_the_call_and_the_model_reads_why(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
+) -> None:
+    task_id = start(client, tenant, [WIRE])  # then the model answers with what it read last
+    drive(task_id)
+    answer = decide(client, tenant, task_id, decision="reject", reason="wrong account")
+    assert answer.status_code == 200
+    assert drive(task_id) == "succeeded"
+    assert journal.read_text() == ""
+    task = client.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()
+    assert "rejected" in task["result"]["output"]
+    assert "wrong account" in task["result"]["output"]
+    (call,) = calls(task_id)
+    assert (call.status, call.runs) == ("failed", 0)
+    assert call.error
+    assert "rejected" in call.error
+    assert "wrong account" in call.error
+
+
+def test_a_decision_is_made_once(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    task_id = start(client, tenant, [WIRE, DONE])
+    drive(task_id)
+    first = decide(client, tenant, task_id, decision="reject", reason="no")
+    again = decide(client, tenant, task_id, decision="reject", reason="no")
+    assert again.status_code == 200
+    assert again.json()["replayed"] is True
+    assert again.json()["decided_at"] == first.json()["decided_at"]
+    assert_problem(decide(client, tenant, task_id, decision="approve"), 409)
+    assert_problem(decide(client, tenant, task_id, "9-9", decision="approve"), 404)
+
+
+def test_calls_that_need_no_approval_run_while_the_others_wait(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
+) -> None:
+    both = {
+        "tool_calls": [
+            {"name": "refund", "arguments": {"amount": 100}},  # under the predicate's line
+            {"name": "refund", "arguments": {"amount": 600}},  # over it: waits
+        ]
+    }
+    task_id = start(client, tenant, [both, DONE])
+    assert drive(task_id) == "awaiting_approval"
+    assert journal.read_text().splitlines() == [f"refund {task_id}:1-0"]
+    assert [(c.call_id, c.status) for c in calls(task_id)] == [
+        ("1-0", "succeeded"),
+        ("1-1", "awaiting"),
+    ]
+    assert decide(client, tenant, task_id, "1-1", decision="approve").status_code == 200
+    assert drive(task_id) == "succeeded"
+    assert sorted(journal.read_text().splitlines()) == [
+        f"refund {task_id}:1-0",
+        f"refund {task_id}:1-1",
+    ]
+
+
+def test_a_submission_can_ask_for_approval_of_any_of_its_tools(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    script = [tool_turn("calculator", expression="6*7"), DONE]
+    task_id = start(client, tenant, script, approval={"tools": ["calculator"]})
+    assert drive(task_id) == "awaiting_approval"
+    unknown = client.post(
+        "/v1/tasks",
+        json=scripted_task(script, agent="ops", approval={"tools": ["nope"]}),
+        headers=tenant.headers,
+    )
+    assert assert_problem(unknown, 422)["errors"][0]["field"] == "approval.tools[0]"
+
+
+def test_a_cancelled_tasks_waits_end(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    task_id = start(client, tenant, [WIRE, DONE])
+    drive(task_id)
+    assert client.post(f"/v1/tasks/{task_id}/cancel", headers=tenant.headers).status_code == 202
+    assert client.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()["status"] == (
+        "cancelled"
+    )
+    assert_problem(decide(client, tenant, task_id, decision="approve"), 409)
+
+
+@pytest.mark.parametrize(
+    ("policy", "status"), [("reject", "succeeded"), ("approve", "succeeded"), ("fail", "failed")]
+)
+def test_a_deadline_applies_its_policy_once(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    journal: Path,
+    policy: str,
+    status: str,
+) -> None:
+    from shared.approvals import decisions
+    from workers.sweeper import expire_approvals
+
+    approval = {"tools": [], "timeout_seconds": 0.01, "on_timeout": policy}
+    task_id = start(client, tenant, [WIRE, DONE], approval=approval)
+    drive(task_id)
+    with transaction() as session:
+        due = decisions.due(session)
+    assert [(t, c) for t, c, _ in due if t == task_id] == [(task_id, "1-0")]
+    expire_approvals([d for d in due if d[0] == task_id] * 2)  # twice: applied once
+    late = "reject" if policy == "approve" else "approve"  # a person, after the deadline
+    assert_problem(decide(client, tenant, task_id, decision=late), 409)
+    assert drive(task_id) == status
+    ran = journal.read_text().splitlines()
+    assert ran == ([f"wire {task_id}:1-0"] if policy == "approve" else [])
+    with transaction() as session:
+        task = session.get(Task, task_id)
+        assert task is not None
+        if policy == "fail":
+            assert task.error is not None
+            assert task.error["type"] == "approval_timeout"
+
+
+def test_who_may_decide(
+    client: TestClient,
+    make_tenant: Callable[..., TenantHandle],
+    drive: Callable[..., str],
+) -> None:
+    from shared.store.tenants import create_key, get_tenant_by_name
+
+    owner = make_tenant(("tasks:read", "tasks:write"))
+    task_id = start(client, owner, [WIRE, DONE])
+    drive(task_id)
+    with transaction() as session:
+        tenant = get_tenant_by_name(session, owner.name)
+        reader = create_key(session, tenant, ("tasks:read",))
+        approver = create_key(session, tenant, ("tasks:approve",))
+    body = {"decision": "approve"}
+    url = f"/v1/tasks/{task_id}/approvals/1-0"
+    assert_problem(client.post(url, json=body, headers={"Authorization": f"Bearer {reader}"}), 403)
+    answer = client.post(url, json=body, headers={"Authorization": f"Bearer {approver}"})
+    assert answer.status_code == 200, answer.text
+    stranger = make_tenant(("tasks:write",))
+    assert_problem(decide(client, stranger, task_id, decision="approve"), 404)

@@ -1,0 +1,105 @@
+"""Tool calls that wait for a person. When the model asks for one, the calls of the step that
+need no approval run; then the ones that do are recorded in the ledger as ``awaiting``, in
+the same write that puts the task in ``awaiting_approval`` and lets go of it: no lease, no
+worker slot, no message. A decision (``shared.approvals``) puts the task back to run; the
+step then runs each approved call (with its edited arguments, if edited) once, through the
+ledger like any call, and tells the model about each rejected one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.agents.registry import Tool
+from shared.settings import get_settings
+from shared.store import ledger
+from shared.store.writes import await_approval
+from workers.providers import ModelResponse, ToolCallRequest
+from workers.steps.context import Context
+from workers.steps.writes import TaskEnded, fenced
+
+
+def needs_approval(ctx: Context, call: ToolCallRequest) -> bool:
+    """Whether this call waits for a person: its tool always asks, its predicate says so for
+    these arguments, or the task's submission named the tool."""
+    tool = ctx.tools.get(call.name)
+    if tool is None or call.invalid_arguments is not None:
+        return False  # it fails without running: nothing to approve
+    listed = call.name in (ctx.task.approval or {}).get("tools", ())
+    return listed or tool.needs_approval(call.arguments)
+
+
+def pending(ctx: Context, response: ModelResponse) -> list[int]:
+    """Positions of the calls that still wait: new ones that need approval, and recorded
+    ones nobody has decided yet."""
+    waiting = []
+    for position, call in enumerate(response.tool_calls):
+        row = ctx.calls.get(ledger.call_id(ctx.lease.step, position))
+        if (row is None and needs_approval(ctx, call)) or (
+            row is not None and row.status == ledger.AWAITING and row.decision is None
+        ):
+            waiting.append(position)
+    return waiting
+
+
+def _policy(ctx: Context, tool: Tool) -> tuple[float, str]:
+    """How long a decision may take, and what happens then: the submission's choice, else the
+    tool's, else the settings'."""
+    task, settings = ctx.task.approval or {}, get_settings()
+    timeout = (
+        task.get("timeout_seconds") or tool.approval_timeout or settings.approval_timeout_seconds
+    )
+    on_timeout = task.get("on_timeout") or tool.on_approval_timeout or settings.approval_on_timeout
+    return float(timeout), str(on_timeout)
+
+
+def wait(ctx: Context, response: ModelResponse, positions: list[int]) -> None:
+    """Record the calls that wait and put the task to wait for them, in one write; the step
+    ends here (it completes once every call is settled)."""
+    lease, new, calls = ctx.lease, [], []
+    for position in positions:
+        call = response.tool_calls[position]
+        call_id = ledger.call_id(lease.step, position)
+        row = ctx.calls.get(call_id)
+        if row is None:
+            timeout, on_timeout = _policy(ctx, ctx.tools[call.name])
+            deadline_ms = ctx.clock_ms + int(timeout * 1000)
+            new.append(
+                ledger.awaiting(
+                    lease,
+                    position=position,
+                    call_id=call_id,
+                    provider_call_id=call.id,
+                    tool=call.name,
+                    arguments=call.arguments,
+                    deadline_ms=deadline_ms,
+                    on_timeout=on_timeout,
+                )
+            )
+        else:
+            deadline_ms, on_timeout = row.approval_deadline_ms or 0, row.approval_on_timeout or ""
+        calls.append(_pending_call(call_id, call, deadline_ms, on_timeout))
+    with fenced(ctx) as writes:
+        writes.set(await_approval({"step": lease.step, "calls": calls}))
+        writes.add(*new)
+    raise TaskEnded
+
+
+def _pending_call(
+    call_id: str, call: ToolCallRequest, deadline_ms: int, on_timeout: str | None
+) -> dict[str, Any]:
+    deadline = datetime.fromtimestamp(deadline_ms / 1000, UTC).isoformat(timespec="seconds")
+    return {
+        "call_id": call_id,
+        "tool": call.name,
+        "arguments": call.arguments,
+        "deadline": deadline,
+        "on_timeout": on_timeout,
+    }
+
+
+def rejection(row: Any) -> str:
+    """What the model reads of a rejected call."""
+    who = row.decided_by or "a person"
+    why = f": {row.decision_reason}" if row.decision_reason else ""
+    return f"the call was rejected by {who} and did not run{why}"
