@@ -93,7 +93,8 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
-CLIENT_COMMANDS = ("submit", "tail", "tasks")  # talk to a server over HTTP; read no settings
+# These talk to a server over HTTP and read no settings.
+CLIENT_COMMANDS = ("submit", "tail", "approve", "tasks")
 
 
 @app.callback()
@@ -253,6 +254,7 @@ def migrate() -> None:
 
 app.command()(cli_client.tail)
 app.command()(cli_client.submit)
+app.command()(cli_client.approve)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -1,25 +1,95 @@
 """The commands that talk to a running server over HTTP (RATCHET_URL, RATCHET_KEY): ``submit``,
-``tail`` and ``ratchet tasks get|list|cancel|retry``. They read no settings."""
+``tail``, ``approve`` and ``ratchet tasks get|list|cancel|retry``. They read no settings."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ratchet.console import api_client, print_json
+from ratchet.console import api_client, fail, print_json
+
+if TYPE_CHECKING:
+    from ratchet.client import Event
 
 tasks = typer.Typer(no_args_is_help=True, help="Read and act on tasks over HTTP.")
+DATA_COLUMN = " " * 28  # the width of an event line's seq and type
+DECIDED = {"approve": "approved", "edit": "edited", "reject": "rejected"}
 
 
 def tail(task_id: str, after: int = 0) -> None:
-    """Print a task's events as they happen (RATCHET_URL, RATCHET_KEY), until it ends."""
+    """Print a task's events as they happen (RATCHET_URL, RATCHET_KEY), until it ends: one
+    line each, and under a wait for approval a line per waiting call."""
     with api_client() as client:
         client.get(task_id)  # a wrong id or a server that is down: say so now, not after retries
         for event in client.events(task_id, after=after):
-            typer.echo(f"{event.seq:>4} {event.type:<22} {json.dumps(event.data)}")
+            for line in format_event(event):
+                typer.echo(line)
+
+
+def format_event(event: Event) -> list[str]:
+    """An event as ``tail`` prints it: ``seq type data``. A wait for approval and a decision
+    are told in words (with the command that decides each waiting call); the rest is JSON."""
+    head = f"{event.seq:>4} {event.type:<22} "
+    data = event.data
+    if event.type == "task.awaiting_approval":
+        pending = data.get("pending_approval") or {}
+        calls = pending.get("calls", [])
+        summary = f"step {pending.get('step')}: {len(calls)} call(s) wait for a decision"
+        return [head + summary, *(DATA_COLUMN + format_waiting_call(data["id"], c) for c in calls)]
+    if event.type == "step.tool_call" and data.get("decision"):
+        return [head + format_decision(data)]
+    return [head + json.dumps(data)]
+
+
+def format_waiting_call(task_id: str, call: dict[str, Any]) -> str:
+    return (
+        f"call {call['call_id']} {call['tool']} {json.dumps(call['arguments'])}, decide by "
+        f"{call['deadline']} (else {call['on_timeout']}): "
+        f"ratchet approve {task_id} {call['call_id']} [--reject | --edit JSON]"
+    )
+
+
+def format_decision(data: dict[str, Any]) -> str:
+    verb = DECIDED.get(data["decision"], data["decision"])
+    told = f"call {data['call_id']} {data['name']} {verb} by {data['decided_by']}"
+    if data["decision"] == "edit":
+        told += f" to {json.dumps(data['arguments'])}"
+    return f"{told}: {data['reason']}" if data.get("reason") else told
+
+
+def approve(
+    task_id: str,
+    call_id: str,
+    reject: Annotated[bool, typer.Option("--reject", help="reject it: it never runs")] = False,
+    edit: Annotated[
+        str | None,
+        typer.Option(metavar="JSON", help="run it with these arguments (a JSON object)"),
+    ] = None,
+    reason: Annotated[str | None, typer.Option(help="why; the model reads it")] = None,
+) -> None:
+    """Approve a tool call that waits for a decision, or --reject it, or --edit its arguments,
+    over HTTP (RATCHET_URL, RATCHET_KEY); print the decision as JSON."""
+    if reject and edit is not None:
+        raise fail("--reject and --edit are mutually exclusive")
+    arguments = parse_arguments(edit) if edit is not None else None
+    choice = "reject" if reject else "edit" if arguments is not None else "approve"
+    with api_client() as client:
+        print_json(
+            client.approve(task_id, call_id, decision=choice, arguments=arguments, reason=reason)
+        )
+
+
+def parse_arguments(text: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(text)
+    except ValueError as exc:
+        raise fail(f"--edit is not JSON: {exc}") from None
+    if not isinstance(arguments, dict):
+        raise fail("--edit takes a JSON object: the arguments to run the call with")
+    return arguments
 
 
 def submit(

@@ -9,7 +9,8 @@
 
 ``wait`` follows the task's event stream and resumes it after a dropped connection from the
 last event seen; if streaming keeps failing it falls back to long-polling. Receivers of
-webhooks check them with :func:`verify_webhook` (or the ``standardwebhooks`` package).
+webhooks check them with :func:`verify_webhook` (or the ``standardwebhooks`` package). A
+tool call that waits for a person is decided with ``approve`` (or ``edit``, ``reject``).
 """
 
 from __future__ import annotations
@@ -120,6 +121,45 @@ class Client:
 
     def retry(self, task_id: str) -> dict[str, Any]:
         return self._json(self._http.post(f"/v1/tasks/{task_id}/retry"))
+
+    def approve(
+        self,
+        task_id: str,
+        call_id: str,
+        *,
+        decision: str = "approve",
+        arguments: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        """Decide a tool call that waits for a person (``pending_approval`` of the task):
+        ``approve``, ``edit`` (run it with ``arguments`` instead) or ``reject`` (it never runs;
+        the model reads ``reason``). Returns the decision as stored, with the task.
+
+        A decision is made once: the same one again answers with the stored decision
+        (``replayed``); a different one raises RatchetAPIError 409, as does deciding for a
+        task that no longer waits; a call that does not wait is a 404, a bad edit a 422.
+        """
+        body: dict[str, Any] = {"decision": decision}
+        if arguments is not None:
+            body["arguments"] = dict(arguments)
+        if reason is not None:
+            body["reason"] = reason
+        return self._json(self._http.post(f"/v1/tasks/{task_id}/approvals/{call_id}", json=body))
+
+    def edit(
+        self,
+        task_id: str,
+        call_id: str,
+        *,
+        arguments: Mapping[str, Any],
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        """Approve a waiting call to run with ``arguments`` instead of the model's."""
+        return self.approve(task_id, call_id, decision="edit", arguments=arguments, reason=reason)
+
+    def reject(self, task_id: str, call_id: str, *, reason: str | None = None) -> dict[str, Any]:
+        """Reject a waiting call: it never runs, and the model reads ``reason``."""
+        return self.approve(task_id, call_id, decision="reject", reason=reason)
 
     def steps(self, task_id: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
