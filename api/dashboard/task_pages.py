@@ -34,7 +34,7 @@ from shared.webhooks import deliveries as webhook_deliveries
 router = APIRouter(prefix=PATH, include_in_schema=False)
 PAGE = 50
 FILTERS = (
-    *("tenant", "status", "agent", "model", "metadata"),
+    *("tenant", "status", "agent", "model", "metadata", "error"),
     *("created_after", "created_before", "id"),
 )
 ACTIONS = {  # action → (the states it applies to, the verb shown)
@@ -63,6 +63,7 @@ def task_filter(values: dict[str, Any], login: Login) -> TaskFilter:
         agent=text["agent"],
         model=text["model"],
         metadata=text["metadata"],
+        error=text["error"],
         created_after=_when(text["created_after"]),
         created_before=_when(text["created_before"]),
         id=text["id"],

@@ -113,6 +113,7 @@ def search_tasks(
     agent: Annotated[str | None, Query(max_length=100)] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
     metadata: Annotated[str | None, Query(max_length=300, description="key:value")] = None,
+    error: Annotated[str | None, Query(max_length=100, description="an error type")] = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -125,6 +126,7 @@ def search_tasks(
         agent=agent,
         model=model,
         metadata=metadata,
+        error=error,
         created_after=created_after,
         created_before=created_before,
     )

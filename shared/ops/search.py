@@ -28,6 +28,7 @@ class TaskFilter:
     agent: str | None = None
     model: str | None = None
     metadata: str | None = None  # "key:value"
+    error: str | None = None  # a failed task's error type
     created_after: datetime | None = None
     created_before: datetime | None = None
     id: str | None = None
@@ -62,6 +63,8 @@ def _query(tenant_id: str | None, where: TaskFilter) -> Select[Any]:
     ):
         if value:
             query = query.where(column == value)
+    if where.error:
+        query = query.where(Task.error["type"].as_string() == where.error)
     if where.metadata:
         key, _, value = where.metadata.partition(":")
         query = query.where(Task.meta[key.strip()].as_string() == value.strip())

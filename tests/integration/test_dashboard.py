@@ -236,6 +236,15 @@ def test_the_json_overview_counts_a_tenants_tasks_and_the_fleets(
         f"/v1/admin/tasks?tenant={admin.name}&status=failed", headers=operator.headers
     )
     assert [t["id"] for t in found.json()["items"]] == [failed]
+    kind = body["errors"][0]["type"]
+    by_error = client.get(f"/v1/admin/tasks?error={kind}", headers=operator.headers).json()
+    assert [t["id"] for t in by_error["items"]] == [failed]
+    login(client, admin.key)
+    overview_page = client.get("/dashboard").text
+    assert f"error={kind}" in overview_page
+    listed = client.get(f"/dashboard/tasks?status=failed&error={kind}").text
+    assert failed in listed
+    assert done not in listed
     assert_problem(client.get("/v1/admin/tasks?status=nope", headers=operator.headers), 422)
 
 
