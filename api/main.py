@@ -20,6 +20,7 @@ from api.problems import REASONS, Problem, responses
 from api.routes import (
     admin,
     agents,
+    approval_links,
     approvals,
     events,
     fleet,
@@ -139,6 +140,7 @@ def create_app() -> FastAPI:
     app.add_middleware(UrlCredentialsMiddleware)  # outermost: before anything reads the URL
     app.add_api_route("/", _root, include_in_schema=False)
     dashboard.install(app)
+    app.include_router(approval_links.router)  # pages without a key: the link is the credential
     app.include_router(health.router, responses=ANY_REQUEST)
     for router in (
         tasks,

@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     # says otherwise), and what happens then: reject the call, approve it, or fail the task.
     approval_timeout_seconds: float = Field(86_400.0, gt=0, le=30 * 86_400)
     approval_on_timeout: Literal["reject", "approve", "fail"] = "reject"
+    # Approval links: with both set, each waiting call gets a signed, single-use link (in
+    # ``pending_approval`` and the ``task.awaiting_approval`` event) that decides it without
+    # an API key. Anyone who can read the task's events can then decide its calls.
+    approval_link_secret: SecretStr | None = None
+    public_url: str | None = None
 
     model_timeout_seconds: float = Field(60.0, gt=0)
     model_max_attempts: int = Field(5, ge=1)
@@ -177,7 +182,16 @@ class Settings(BaseSettings):
             raise ValueError(f"not a URL of {' or '.join(schemes or ('a broker',))}: {value!r}")
         return value
 
-    @field_validator("openai_base_url", "anthropic_base_url", "flower_url")
+    @field_validator("approval_link_secret")
+    @classmethod
+    def _link_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        if len(value.get_secret_value()) < 32:
+            raise ValueError("at least 32 characters (e.g. `openssl rand -hex 32`)")
+        return value
+
+    @field_validator("openai_base_url", "anthropic_base_url", "flower_url", "public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if not value:

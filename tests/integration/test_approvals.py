@@ -4,7 +4,7 @@ never runs it and the model reads why; deadlines apply their policy once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +235,74 @@ def test_who_may_decide(
     assert answer.status_code == 200, answer.text
     stranger = make_tenant(("tasks:write",))
     assert_problem(decide(client, stranger, task_id, decision="approve"), 404)
+
+
+@pytest.fixture
+def links_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from shared.settings import get_settings
+
+    monkeypatch.setenv("RATCHET_APPROVAL_LINK_SECRET", "k" * 40)
+    monkeypatch.setenv("RATCHET_PUBLIC_URL", "https://ratchet.example")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def link_path(client: TestClient, tenant: TenantHandle, task_id: str) -> str:
+    task = client.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()
+    url = task["pending_approval"]["calls"][0]["approval_url"]
+    assert url.startswith("https://ratchet.example/approve/")
+    return str(url.removeprefix("https://ratchet.example"))
+
+
+def test_an_approval_link_decides_once_without_a_key(
+    links_on: None,
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    journal: Path,
+) -> None:
+    task_id = start(client, tenant, [WIRE, DONE])
+    drive(task_id)
+    path = link_path(client, tenant, task_id)
+    shown = client.get(path)
+    assert shown.status_code == 200
+    assert "wire_money" in shown.text
+    assert "alice" in shown.text
+    assert status_of(task_id) == "awaiting_approval"  # looking decides nothing
+    payload, signature = path.removeprefix("/approve/").split(".")
+    forged = signature[:-2] + ("AA" if not signature.endswith("AA") else "BB")
+    for bad in (f"/approve/{payload}.{forged}", f"/approve/{payload[:-2]}xx.{signature}"):
+        assert client.get(bad).status_code == 403
+        assert client.post(bad, data={"decision": "approve"}).status_code == 403
+    used = client.post(path, data={"decision": "approve", "reason": "by mail"})
+    assert used.status_code == 200
+    assert "cannot be used again" in used.text
+    again = client.post(path, data={"decision": "reject"})
+    assert again.status_code == 409
+    assert "already decided" in again.text
+    assert drive(task_id) == "succeeded"
+    assert journal.read_text().splitlines() == [f"wire {task_id}:1-0"]
+    (call,) = calls(task_id)
+    assert (call.decision, call.decided_by, call.decision_reason) == ("approve", "link", "by mail")
+
+
+def test_an_expired_approval_link_changes_nothing(
+    links_on: None, client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    approval = {"tools": [], "timeout_seconds": 0.01, "on_timeout": "fail"}
+    task_id = start(client, tenant, [WIRE, DONE], approval=approval)
+    drive(task_id)
+    path = link_path(client, tenant, task_id)
+    assert client.get(path).status_code == 410
+    assert client.post(path, data={"decision": "approve"}).status_code == 410
+    assert status_of(task_id) == "awaiting_approval"
+    (call,) = calls(task_id)
+    assert call.decision is None
+
+
+def status_of(task_id: str) -> str:
+    with transaction() as session:
+        task = session.get(Task, task_id)
+        assert task is not None
+        return task.status

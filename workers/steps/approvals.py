@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.agents.registry import Tool
+from shared.approvals import links
 from shared.settings import get_settings
 from shared.store import ledger
 from shared.store.writes import await_approval
@@ -78,7 +79,7 @@ def wait(ctx: Context, response: ModelResponse, positions: list[int]) -> None:
             )
         else:
             deadline_ms, on_timeout = row.approval_deadline_ms or 0, row.approval_on_timeout or ""
-        calls.append(_pending_call(call_id, call, deadline_ms, on_timeout))
+        calls.append(_pending_call(ctx.task.id, call_id, call, deadline_ms, on_timeout))
     with fenced(ctx) as writes:
         writes.set(await_approval({"step": lease.step, "calls": calls}))
         writes.add(*new)
@@ -86,16 +87,18 @@ def wait(ctx: Context, response: ModelResponse, positions: list[int]) -> None:
 
 
 def _pending_call(
-    call_id: str, call: ToolCallRequest, deadline_ms: int, on_timeout: str | None
+    task_id: str, call_id: str, call: ToolCallRequest, deadline_ms: int, on_timeout: str | None
 ) -> dict[str, Any]:
     deadline = datetime.fromtimestamp(deadline_ms / 1000, UTC).isoformat(timespec="seconds")
-    return {
+    pending = {
         "call_id": call_id,
         "tool": call.name,
         "arguments": call.arguments,
         "deadline": deadline,
         "on_timeout": on_timeout,
     }
+    url = links.link(task_id, call_id, expires_ms=deadline_ms)
+    return pending | ({"approval_url": url} if url else {})
 
 
 def rejection(row: Any) -> str:
