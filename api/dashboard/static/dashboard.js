@@ -66,10 +66,10 @@ document.addEventListener("DOMContentLoaded", () => {
     localStorage.setItem("ratchet.paused", paused ? "1" : "0");
     showPaused();
   });
-  for (const form of document.querySelectorAll("form[data-confirm]")) {
-    form.addEventListener("submit", (event) => {
-      if (!confirm(form.getAttribute("data-confirm"))) event.preventDefault();
-    });
-  }
+  // Delegated, so forms swapped in by a live refresh ask too.
+  document.addEventListener("submit", (event) => {
+    const form = event.target.closest("form[data-confirm]");
+    if (form && !confirm(form.getAttribute("data-confirm"))) event.preventDefault();
+  });
   live();
 });
