@@ -47,6 +47,30 @@ def seed(url: str, key: str) -> str:
                     "metadata": {"customer": "43"},
                 },
             ).raise_for_status()
+        for amount in (120, 4800):  # calls that wait for a person's decision
+            client.post(
+                "/v1/tasks",
+                json={
+                    "input": f"Refund {amount} to customer 42",
+                    "model": "scripted",
+                    "tools": ["calculator"],
+                    "approval": {"tools": ["calculator"], "timeout_seconds": 86400},
+                    "model_options": {
+                        "script": [
+                            {
+                                "tool_calls": [
+                                    {
+                                        "name": "calculator",
+                                        "arguments": {"expression": f"{amount}*1"},
+                                    }
+                                ]
+                            },
+                            {"content": "refunded"},
+                        ]
+                    },
+                    "metadata": {"customer": "42"},
+                },
+            ).raise_for_status()
         slow = client.post(
             "/v1/tasks",
             json={
@@ -85,6 +109,7 @@ def shoot(url: str, key: str, out: Path) -> None:
         for name, path in [
             ("overview", "/dashboard?window=1h"),
             ("tasks", "/dashboard/tasks"),
+            ("approvals", "/dashboard/approvals"),
             ("task", f"/dashboard/tasks/{running}"),
             ("workers", "/dashboard/workers"),
             ("ratelimits", "/dashboard/ratelimits"),
