@@ -107,6 +107,15 @@ def awaiting(
     )
 
 
+def extend_wait(call_id: str, *, deadline_ms: int) -> Change:
+    """A new deadline for a call still waiting (its task was retried after the last one)."""
+    return Change(
+        _CALLS,
+        {"call_id": call_id, "status": AWAITING},
+        {"approval_deadline_ms": deadline_ms},
+    )
+
+
 def approved_start(lease: Lease, call_id: str) -> Change:
     """An approved (or edited) call starts: ``awaiting`` → ``started``, its first run."""
     return Change(

@@ -306,3 +306,29 @@ def status_of(task_id: str) -> str:
         task = session.get(Task, task_id)
         assert task is not None
         return task.status
+
+
+def test_a_task_failed_by_a_deadline_waits_again_when_retried(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
+) -> None:
+    from shared.approvals import decisions
+    from shared.store import ledger
+    from workers.sweeper import expire_approvals
+
+    approval = {"tools": [], "timeout_seconds": 0.01, "on_timeout": "fail"}
+    task_id = start(client, tenant, [WIRE, DONE], approval=approval)
+    drive(task_id)
+    with transaction() as session:
+        expire_approvals([d for d in decisions.due(session) if d[0] == task_id])
+    assert status_of(task_id) == "failed"
+    with transaction() as session:  # the retried wait gets a deadline it can meet
+        session.query(Task).filter_by(id=task_id).update({"approval": {"timeout_seconds": 3600}})
+    assert client.post(f"/v1/tasks/{task_id}/retry", headers=tenant.headers).status_code == 202
+    assert drive(task_id) == "awaiting_approval"
+    (call,) = calls(task_id)
+    assert call.status == ledger.AWAITING
+    with transaction() as session:
+        assert [d for d in decisions.due(session) if d[0] == task_id] == []
+    assert decide(client, tenant, task_id, decision="approve").status_code == 200
+    assert drive(task_id) == "succeeded"
+    assert journal.read_text().splitlines() == [f"wire {task_id}:1-0"]

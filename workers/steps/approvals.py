@@ -14,6 +14,7 @@ from shared.agents.registry import Tool
 from shared.approvals import links
 from shared.settings import get_settings
 from shared.store import ledger
+from shared.store.batch import Part
 from shared.store.writes import await_approval
 from workers.providers import ModelResponse, ToolCallRequest
 from workers.steps.context import Context
@@ -57,14 +58,17 @@ def _policy(ctx: Context, tool: Tool) -> tuple[float, str]:
 def wait(ctx: Context, response: ModelResponse, positions: list[int]) -> None:
     """Record the calls that wait and put the task to wait for them, in one write; the step
     ends here (it completes once every call is settled)."""
-    lease, new, calls = ctx.lease, [], []
+    lease = ctx.lease
+    new: list[Part] = []
+    calls: list[dict[str, Any]] = []
     for position in positions:
         call = response.tool_calls[position]
         call_id = ledger.call_id(lease.step, position)
         row = ctx.calls.get(call_id)
+        timeout, policy = _policy(ctx, ctx.tools[call.name])
+        deadline_ms = ctx.clock_ms + int(timeout * 1000)
         if row is None:
-            timeout, on_timeout = _policy(ctx, ctx.tools[call.name])
-            deadline_ms = ctx.clock_ms + int(timeout * 1000)
+            on_timeout = policy
             new.append(
                 ledger.awaiting(
                     lease,
@@ -78,7 +82,11 @@ def wait(ctx: Context, response: ModelResponse, positions: list[int]) -> None:
                 )
             )
         else:
-            deadline_ms, on_timeout = row.approval_deadline_ms or 0, row.approval_on_timeout or ""
+            on_timeout = row.approval_on_timeout or policy
+            if (row.approval_deadline_ms or 0) > ctx.clock_ms:
+                deadline_ms = row.approval_deadline_ms or 0
+            else:  # waiting again (a retried task): a new deadline, not the one that passed
+                new.append(ledger.extend_wait(call_id, deadline_ms=deadline_ms))
         calls.append(_pending_call(ctx.task.id, call_id, call, deadline_ms, on_timeout))
     with fenced(ctx) as writes:
         writes.set(await_approval({"step": lease.step, "calls": calls}))
