@@ -53,6 +53,22 @@ def wire_money(to: str, amount: int, context: ToolContext) -> str:
     return f"wired {amount} to {to}"
 
 
+@tool(on_unknown_outcome="ask")
+def ship_order(order: str, context: ToolContext) -> str:
+    """Ship an order (not idempotent: after a crash mid-call a person decides whether to
+    ship it again)."""
+    _record("ship", context)
+    return f"shipped {order}"
+
+
+@tool(timeout=0.2, on_unknown_outcome="ask")
+def slow_ship(seconds: float, context: ToolContext) -> str:
+    """Ship slowly (a 0.2 s limit; when it is abandoned a person decides about a rerun)."""
+    time.sleep(seconds)
+    _record("slow_ship", context)
+    return "shipped"
+
+
 @tool(requires_approval=lambda args: args.get("amount", 0) > 500)
 def refund(amount: int, context: ToolContext) -> str:
     """Refund a customer (asks a person above 500)."""
@@ -75,6 +91,8 @@ register_agent(
             "http_request",
             "wire_money",
             "refund",
+            "ship_order",
+            "slow_ship",
         ),
     )
 )

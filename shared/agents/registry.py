@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from shared.errors import NotFound, ToolArgumentsInvalid
 
-UnknownOutcomePolicy = Literal["fail", "tell_model"]
+UnknownOutcomePolicy = Literal["fail", "tell_model", "ask"]
 ApprovalTimeoutPolicy = Literal["reject", "approve", "fail"]
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -162,8 +162,9 @@ def tool(
 
     A parameter named ``context`` receives the call's :class:`ToolContext` and is not shown
     to the model. ``idempotent`` tools are re-run after a crash left their outcome unknown;
-    for the others ``on_unknown_outcome`` decides: ``fail`` the task (the default) or
-    ``tell_model`` that the outcome is unknown.
+    for the others ``on_unknown_outcome`` decides: ``fail`` the task (the default),
+    ``tell_model`` that the outcome is unknown, or ``ask`` a person whether to run it again
+    (approve runs it again, reject tells the model it was not).
 
     ``requires_approval`` (``True``, or a predicate over the call's arguments) makes each
     call wait for a person's decision; ``approval_timeout`` seconds later

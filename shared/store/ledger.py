@@ -117,11 +117,30 @@ def extend_wait(call_id: str, *, deadline_ms: int) -> Change:
 
 
 def approved_start(lease: Lease, call_id: str) -> Change:
-    """An approved (or edited) call starts: ``awaiting`` → ``started``, its first run."""
+    """An approved (or edited) call starts: ``awaiting`` → ``started``, one more run."""
     return Change(
         _CALLS,
         {"call_id": call_id, "status": AWAITING},
-        {"status": STARTED, "runs": 1, "lease_epoch": lease.epoch, "started_at": utcnow()},
+        {
+            "status": STARTED,
+            "runs": Increment(1),
+            "lease_epoch": lease.epoch,
+            "started_at": utcnow(),
+        },
+    )
+
+
+def ask_again(call_id: str, *, deadline_ms: int, on_timeout: str) -> Change:
+    """A ``started`` call whose outcome is unknown, of a tool whose policy is ``ask``: it
+    waits for a person to say whether to run it again."""
+    return Change(
+        _CALLS,
+        {"call_id": call_id, "status": STARTED},
+        {
+            "status": AWAITING,
+            "approval_deadline_ms": deadline_ms,
+            "approval_on_timeout": on_timeout,
+        },
     )
 
 

@@ -332,3 +332,61 @@ def test_a_task_failed_by_a_deadline_waits_again_when_retried(
     assert decide(client, tenant, task_id, decision="approve").status_code == 200
     assert drive(task_id) == "succeeded"
     assert journal.read_text().splitlines() == [f"wire {task_id}:1-0"]
+
+
+@pytest.mark.parametrize(("decision", "runs"), [("approve", 2), ("reject", 1)])
+def test_a_crash_mid_call_of_an_ask_tool_asks_a_person_whether_to_run_it_again(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    journal: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    decision: str,
+    runs: int,
+) -> None:
+    from shared.failpoints import InjectedFault
+    from workers.steps import runner
+
+    task_id = start(client, tenant, [tool_turn("ship_order", order="A-1"), DONE])
+    monkeypatch.setenv("RATCHET_FAILPOINTS", "after_tool=raise")  # the run happened; then a crash
+    with pytest.raises(InjectedFault):
+        runner.advance(task_id, 1)
+    monkeypatch.delenv("RATCHET_FAILPOINTS")
+    with transaction() as session:
+        session.query(Task).filter_by(id=task_id).update({"lease_expires_ms": 0})
+    assert drive(task_id) == "awaiting_approval"
+    task = client.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()
+    (pending,) = task["pending_approval"]["calls"]
+    assert "run it again" in pending["question"]
+    assert decide(client, tenant, task_id, decision=decision).status_code == 200
+    assert drive(task_id) == "succeeded"
+    assert journal.read_text().splitlines() == [f"ship {task_id}:1-0"] * runs
+    (call,) = calls(task_id)
+    assert call.status == ("succeeded" if decision == "approve" else "failed")
+    assert call.runs == runs
+
+
+def test_an_abandoned_call_of_an_ask_tool_waits_for_a_person_and_the_rest_run_after(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
+) -> None:
+    turn = {
+        "tool_calls": [
+            {"name": "slow_ship", "arguments": {"seconds": 0.01}},
+            {"name": "slow_ship", "arguments": {"seconds": 5}},  # abandoned at 0.2 s
+            {"name": "upsert_record", "arguments": {"key": "after"}},
+        ]
+    }
+    task_id = start(client, tenant, [turn, DONE])
+    assert drive(task_id) == "awaiting_approval"
+    assert [(c.call_id, c.status) for c in calls(task_id)] == [
+        ("1-0", "succeeded"),
+        ("1-1", "awaiting"),
+    ]
+    assert decide(client, tenant, task_id, "1-1", decision="reject").status_code == 200
+    assert drive(task_id) == "succeeded"
+    assert [(c.call_id, c.status) for c in calls(task_id)] == [
+        ("1-0", "succeeded"),
+        ("1-1", "failed"),
+        ("1-2", "succeeded"),
+    ]
+    assert f"upsert {task_id}:1-2" in journal.read_text().splitlines()

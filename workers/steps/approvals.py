@@ -21,6 +21,15 @@ from workers.steps.context import Context
 from workers.steps.writes import TaskEnded, fenced
 
 
+class AskAgain(Exception):
+    """A call's run ended with its outcome unknown, and its tool asks a person whether to
+    run it again: the step waits for that decision."""
+
+    def __init__(self, call_id: str) -> None:
+        super().__init__(call_id)
+        self.call_id = call_id
+
+
 def needs_approval(ctx: Context, call: ToolCallRequest) -> bool:
     """Whether this call waits for a person: its tool always asks, its predicate says so for
     these arguments, or the task's submission named the tool."""
@@ -32,16 +41,29 @@ def needs_approval(ctx: Context, call: ToolCallRequest) -> bool:
 
 
 def pending(ctx: Context, response: ModelResponse) -> list[int]:
-    """Positions of the calls that still wait: new ones that need approval, and recorded
-    ones nobody has decided yet."""
-    waiting = []
-    for position, call in enumerate(response.tool_calls):
-        row = ctx.calls.get(ledger.call_id(ctx.lease.step, position))
-        if (row is None and needs_approval(ctx, call)) or (
-            row is not None and row.status == ledger.AWAITING and row.decision is None
-        ):
-            waiting.append(position)
-    return waiting
+    """Positions of the calls that still wait: new ones that need approval, recorded ones
+    nobody has decided yet, and ones whose outcome a crash left unknown that ask a person."""
+    return [p for p, call in enumerate(response.tool_calls) if _waits(ctx, p, call)]
+
+
+def _waits(ctx: Context, position: int, call: ToolCallRequest) -> bool:
+    row = ctx.calls.get(ledger.call_id(ctx.lease.step, position))
+    if row is None:
+        return needs_approval(ctx, call)
+    undecided = row.status == ledger.AWAITING and row.decision is None
+    return undecided or _ask_again(ctx, row)
+
+
+def _ask_again(ctx: Context, row: Any) -> bool:
+    """A call this step found ``started`` (its run's outcome is unknown: a crash), of a tool
+    that is not idempotent and asks a person whether to run it again."""
+    tool = ctx.tools.get(row.tool)
+    return (
+        row.status == ledger.STARTED
+        and tool is not None
+        and not tool.idempotent
+        and tool.on_unknown_outcome == "ask"
+    )
 
 
 def _policy(ctx: Context, tool: Tool) -> tuple[float, str]:
@@ -55,9 +77,16 @@ def _policy(ctx: Context, tool: Tool) -> tuple[float, str]:
     return float(timeout), str(on_timeout)
 
 
-def wait(ctx: Context, response: ModelResponse, positions: list[int]) -> None:
+def wait(
+    ctx: Context,
+    response: ModelResponse,
+    positions: list[int],
+    *,
+    asked: frozenset[str] = frozenset(),
+) -> None:
     """Record the calls that wait and put the task to wait for them, in one write; the step
-    ends here (it completes once every call is settled)."""
+    ends here (it completes once every call is settled). ``asked``: calls this step ran whose
+    outcome is unknown, whose tool asks whether to run them again."""
     lease = ctx.lease
     new: list[Part] = []
     calls: list[dict[str, Any]] = []
@@ -67,7 +96,10 @@ def wait(ctx: Context, response: ModelResponse, positions: list[int]) -> None:
         row = ctx.calls.get(call_id)
         timeout, policy = _policy(ctx, ctx.tools[call.name])
         deadline_ms = ctx.clock_ms + int(timeout * 1000)
-        if row is None:
+        if call_id in asked or (row is not None and _ask_again(ctx, row)):
+            on_timeout = policy
+            new.append(ledger.ask_again(call_id, deadline_ms=deadline_ms, on_timeout=policy))
+        elif row is None:
             on_timeout = policy
             new.append(
                 ledger.awaiting(
@@ -87,7 +119,10 @@ def wait(ctx: Context, response: ModelResponse, positions: list[int]) -> None:
                 deadline_ms = row.approval_deadline_ms or 0
             else:  # waiting again (a retried task): a new deadline, not the one that passed
                 new.append(ledger.extend_wait(call_id, deadline_ms=deadline_ms))
-        calls.append(_pending_call(ctx.task.id, call_id, call, deadline_ms, on_timeout))
+        pending = _pending_call(ctx.task.id, call_id, call, deadline_ms, on_timeout)
+        if call_id in asked or (row is not None and (row.runs or 0) > 0):
+            pending["question"] = "its last run's outcome is unknown (a crash): run it again?"
+        calls.append(pending)
     with fenced(ctx) as writes:
         writes.set(await_approval({"step": lease.step, "calls": calls}))
         writes.add(*new)

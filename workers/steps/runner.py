@@ -269,12 +269,16 @@ def run_step(ctx: Context) -> bool:
         response = ModelResponse.from_dict(ctx.step_row.response)
     waiting = approvals.pending(ctx, response)
     ready = [p for p in range(len(response.tool_calls)) if p not in waiting]
-    completed = False
+    completed, asked = False, frozenset[str]()
     for position in ready:  # the last commits the step's completion, unless calls wait
         last = not waiting and position == ready[-1]
-        completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
+        try:
+            completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
+        except approvals.AskAgain as ask:  # the calls after it run once it is decided
+            waiting, asked = sorted({*waiting, position}), frozenset({ask.call_id})
+            break
     if waiting:
-        approvals.wait(ctx, response, waiting)
+        approvals.wait(ctx, response, waiting, asked=asked)
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(ctx) as writes:
             writes.set(completion(ctx))

@@ -160,6 +160,8 @@ def resolve_unknown_outcome(
         "and the tool is not idempotent, so it was not run again"
     )
     unknown = tool_runner.Outcome(ok=False, error=message)
+    if tool.on_unknown_outcome == "ask":
+        raise approvals.AskAgain(call_id)
     if tool.on_unknown_outcome == "tell_model":
         record_outcome(ctx, call_id=call_id, name=tool.name, outcome=unknown, last=last)
         return last
