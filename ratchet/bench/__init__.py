@@ -7,7 +7,16 @@ import os
 
 import typer
 
-from ratchet.bench import capacity, checkpoint, delivery, history, limiter, submissions, throughput
+from ratchet.bench import (
+    capacity,
+    checkpoint,
+    dashboard,
+    delivery,
+    history,
+    limiter,
+    submissions,
+    throughput,
+)
 
 app = typer.Typer(
     no_args_is_help=True, help="Benchmarks (figures are ratios to a same-run baseline)."
@@ -28,5 +37,6 @@ app.command("capacity")(capacity.capacity)
 app.command("api")(submissions.api)
 app.command("history")(history.history)
 app.command("throughput")(throughput.throughput)
+app.command("dashboard")(dashboard.dashboard)
 
 __all__ = ["app"]
