@@ -22,6 +22,7 @@ from shared.errors import InvalidRequest, RatchetError
 from shared.ops import overview, search
 from shared.ops.sessions import Login
 from shared.store import tenants
+from shared.store.backends import plan_with_values
 from shared.store.db import get_sessionmaker
 from shared.store.events import EVENT_TYPES
 from shared.store.tables import WebhookEndpoint, utcnow
@@ -38,6 +39,7 @@ def _back(path: str, flash: str) -> RedirectResponse:
 
 def _webhooks(login: Login) -> dict[str, Any]:
     with get_sessionmaker()() as session, session.begin():
+        plan_with_values(session)  # the success rates read a time window
         rows = endpoints.list_for(session, scope_of(login), limit=500)
         rates = endpoints.success_rates(session, [e.id for e in rows], utcnow() - timedelta(days=1))
         failing = webhook_deliveries.failing(session, scope_of(login))
@@ -112,6 +114,7 @@ def _tenants(login: Login) -> dict[str, Any]:
         keys = tenants.list_keys(session, login.principal.tenant_id, limit=500)
         if not login.operator:
             return {"keys": keys, "tenants": [], "usage": {}}
+        plan_with_values(session)
         usage = overview.usage(session, None, since=midnight, by="tenant")
         rows = tenants.list_tenants(session)
     return {"keys": keys, "tenants": rows, "usage": {u["tenant"]: u for u in usage}}

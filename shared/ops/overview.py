@@ -9,38 +9,94 @@ fleet (the operator's view)."""
 from __future__ import annotations
 
 import math
+from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from shared.store.backends import backend_of
+from shared.ops import search
+from shared.store.backends import backend_of, plan_with_values
 from shared.store.outbox import DISABLED, FAILED
-from shared.store.tables import Step, Task, TaskStatus, Tenant, WebhookDelivery, utcnow
+from shared.store.tables import Step, Task, TaskStatus, WebhookDelivery, utcnow
 from shared.views import aware
 
 ACTIVE = (TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.AWAITING_APPROVAL)
 WINDOWS = {"1h": (timedelta(hours=1), 60), "24h": (timedelta(hours=24), 3600)}
 SAMPLE = 2000  # tasks whose durations make the percentiles
 STEP_SAMPLE = 300  # tasks whose steps make the step-latency percentiles
-GROUPS = {"model": Task.model, "agent": Task.agent, "tenant": Tenant.name}
+GROUPS = ("model", "agent", "tenant")
 
 
 def _scoped(query: Select[Any], tenant_id: str | None) -> Select[Any]:
     return query if tenant_id is None else query.where(Task.tenant_id == tenant_id)
 
 
-def states(session: Session, tenant_id: str | None, *, since: datetime) -> dict[str, int]:
-    """Tasks waiting or running now, and tasks that finished since ``since``, by state."""
-    counts = dict.fromkeys(TaskStatus.ALL, 0)
-    active = select(Task.status, func.count()).where(Task.status.in_(ACTIVE))
-    finished = select(Task.status, func.count()).where(Task.finished_at >= since)
-    for query in (active, finished):
-        grouped = _scoped(query, tenant_id).group_by(Task.status)
-        counts.update(dict(session.execute(grouped).tuples().all()))
-    return counts
+def active(session: Session, tenant_id: str | None) -> dict[str, int]:
+    """Tasks waiting or running now, by state (from the status index)."""
+    query = select(Task.status, func.count()).where(Task.status.in_(ACTIVE))
+    grouped = _scoped(query, tenant_id).group_by(Task.status)
+    return dict(session.execute(grouped).tuples().all())
+
+
+@dataclass
+class Totals:
+    tasks: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, row: Any) -> None:
+        self.tasks += row.n
+        self.input_tokens += int(row.input_tokens or 0)
+        self.output_tokens += int(row.output_tokens or 0)
+        self.cost_usd += float(row.cost_usd or 0)
+
+
+def finished(session: Session, tenant_id: str | None, *, since: datetime) -> list[Any]:
+    """The window's finished tasks counted and summed by everything the overview breaks them
+    down by, in one pass over the window's rows (a few thousand groups at most)."""
+    kind = Task.error["type"].as_string().label("kind")
+    keys = (Task.status, Task.model, Task.agent, Task.tenant_id, kind)
+    query = select(
+        *keys,
+        func.count().label("n"),
+        func.sum(Task.input_tokens).label("input_tokens"),
+        func.sum(Task.output_tokens).label("output_tokens"),
+        func.sum(Task.cost_usd).label("cost_usd"),
+    ).where(Task.finished_at >= since)
+    return list(session.execute(_scoped(query, tenant_id).group_by(*keys)).all())
+
+
+def usage_of(rows: Sequence[Any], names: dict[str, str], *, by: str) -> list[dict[str, Any]]:
+    """Tasks, tokens and cost by model, agent or tenant, the costliest first (top 20)."""
+    totals: dict[str, Totals] = defaultdict(Totals)
+    for row in rows:
+        key = names.get(row.tenant_id, row.tenant_id) if by == "tenant" else getattr(row, by)
+        totals[key].add(row)
+    ranked = sorted(totals.items(), key=lambda item: (-item[1].cost_usd, -item[1].tasks))
+    return [{by: key, **asdict(t) | {"cost_usd": round(t.cost_usd, 6)}} for key, t in ranked[:20]]
+
+
+def errors_of(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """The failed tasks' error types, the commonest first (top 20)."""
+    counts: Counter[str] = Counter()
+    for row in rows:
+        if row.status == TaskStatus.FAILED:
+            counts[row.kind or "unknown"] += row.n
+    return [{"type": kind, "count": n} for kind, n in counts.most_common(20)]
+
+
+def usage(
+    session: Session, tenant_id: str | None, *, since: datetime, by: str
+) -> list[dict[str, Any]]:
+    """Tasks, tokens and cost of the tasks finished since ``since``, by model, agent or
+    tenant, the costliest first."""
+    rows = finished(session, tenant_id, since=since)
+    return usage_of(rows, search.tenant_names(session, [r.tenant_id for r in rows]), by=by)
 
 
 def series(
@@ -100,44 +156,6 @@ def latencies(session: Session, tenant_id: str | None, *, since: datetime) -> di
     }
 
 
-def usage(
-    session: Session, tenant_id: str | None, *, since: datetime, by: str
-) -> list[dict[str, Any]]:
-    """Tasks, tokens and cost of the tasks finished since ``since``, by model, agent or
-    tenant, the costliest first."""
-    key = GROUPS[by]
-    query = select(
-        key,
-        func.count(),
-        func.sum(Task.input_tokens),
-        func.sum(Task.output_tokens),
-        func.sum(Task.cost_usd),
-    ).where(Task.finished_at >= since)
-    if by == "tenant":
-        query = query.join(Tenant, Tenant.id == Task.tenant_id)
-    grouped = _scoped(query, tenant_id).group_by(key).order_by(func.sum(Task.cost_usd).desc())
-    return [
-        {
-            by: name,
-            "tasks": n,
-            "input_tokens": int(i or 0),
-            "output_tokens": int(o or 0),
-            "cost_usd": round(float(c or 0), 6),
-        }
-        for name, n, i, o, c in session.execute(grouped.limit(20)).tuples()
-    ]
-
-
-def errors(session: Session, tenant_id: str | None, *, since: datetime) -> list[dict[str, Any]]:
-    """The error types of the tasks that failed since ``since``, the commonest first."""
-    kind = Task.error["type"].as_string()
-    query = select(kind, func.count()).where(
-        Task.finished_at >= since, Task.status == TaskStatus.FAILED
-    )
-    grouped = _scoped(query, tenant_id).group_by(kind).order_by(func.count().desc()).limit(20)
-    return [{"type": t or "unknown", "count": n} for t, n in session.execute(grouped).tuples()]
-
-
 def webhook_failures(session: Session, tenant_id: str | None, *, since: datetime) -> int:
     """Webhook deliveries created since ``since`` that failed for good or were dropped
     because their endpoint was disabled."""
@@ -151,15 +169,21 @@ def webhook_failures(session: Session, tenant_id: str | None, *, since: datetime
 
 def overview(session: Session, tenant_id: str | None, *, window: str = "24h") -> dict[str, Any]:
     """Everything the overview page shows about tasks, for the last hour or day."""
+    plan_with_values(session)
     span, bucket = WINDOWS[window]
     since = utcnow() - span
+    rows = finished(session, tenant_id, since=since)
+    names = search.tenant_names(session, [r.tenant_id for r in rows])
+    states = dict.fromkeys(TaskStatus.ALL, 0) | active(session, tenant_id)
+    for row in rows:
+        states[row.status] += row.n
     return {
         "window": window,
         "since": since,
-        "states": states(session, tenant_id, since=since),
+        "states": states,
         "series": series(session, tenant_id, since=since, bucket_seconds=bucket),
         "latency": latencies(session, tenant_id, since=since),
-        "usage": {by: usage(session, tenant_id, since=since, by=by) for by in GROUPS},
-        "errors": errors(session, tenant_id, since=since),
+        "usage": {by: usage_of(rows, names, by=by) for by in GROUPS},
+        "errors": errors_of(rows),
         "webhook_failures": webhook_failures(session, tenant_id, since=since),
     }

@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -250,6 +251,13 @@ class WebhookDelivery(Base):
         Index("ix_webhook_deliveries_task", "task_id", "id"),
         Index("ix_webhook_deliveries_due", "status", "next_attempt_ms"),
         Index("ix_webhook_deliveries_endpoint", "endpoint_id", "created_at"),
+        # The overview's count of failures in a window, however long the history.
+        Index(
+            "ix_webhook_deliveries_failed",
+            "created_at",
+            postgresql_where=text("status IN ('failed', 'disabled')"),
+            sqlite_where=text("status IN ('failed', 'disabled')"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

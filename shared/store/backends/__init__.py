@@ -36,6 +36,8 @@ class Backend(Protocol):
 
     def epoch_seconds(self, column: Any) -> ColumnElement[float]: ...
 
+    def plan_with_values(self, session: Session) -> None: ...
+
 
 BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite()}
 
@@ -73,3 +75,9 @@ def fetch_one(session: Session, statement: Any, params: dict[str, Any]) -> Any |
 def run_batch(session: Session, batch: Batch) -> Row[Any] | None:
     """Execute a fenced write's batch; returns the fence's row, or None (nothing written)."""
     return backend_of(session).run_batch(session, batch)
+
+
+def plan_with_values(session: Session) -> None:
+    """For the rest of this transaction, plan each query with its values: a query over a
+    time window needs to know how wide the window is (see the PostgreSQL backend)."""
+    backend_of(session).plan_with_values(session)

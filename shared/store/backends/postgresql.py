@@ -81,9 +81,15 @@ class PostgreSQL:
             )
         )
 
+    def plan_with_values(self, session: Session) -> None:
+        """Sessions plan generically (``plan_cache_mode=force_generic_plan``, for the steps'
+        keyed statements); a generic plan of ``finished_at >= $1`` guesses a third of the
+        table and scans it, so the overview's reads ask for plans made with their values."""
+        session.execute(text("SET LOCAL plan_cache_mode = auto"))
+
     def epoch_seconds(self, column: Any) -> ColumnElement[float]:
         """A timestamp column as seconds since the epoch (for bucketing by minute or hour)."""
-        return cast(ColumnElement[float], func.extract("epoch", column))
+        return cast(ColumnElement[float], func.date_part("epoch", column))
 
 
 # --- statements compiled once ------------------------------------------------------------------

@@ -50,6 +50,9 @@ class SQLite:
     def try_sweep_lock(self, session: Session, lock_id: int) -> bool:
         return True  # one process sweeps: the embedded default's own
 
+    def plan_with_values(self, session: Session) -> None:
+        """SQLite plans every statement with its values."""
+
     def epoch_seconds(self, column: Any) -> ColumnElement[float]:
         """A timestamp column (stored as UTC text) as seconds since the epoch."""
         return cast(func.strftime("%s", column), Float)
