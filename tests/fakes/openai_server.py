@@ -156,6 +156,7 @@ class OpenAIServer:
         self._responder = responder
         self._replies: deque[Reply] = deque()
         self._received: list[Received] = []
+        self._undelivered: list[float] = []  # arrival times of requests whose answer was lost
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._ids = itertools.count(1)
@@ -182,6 +183,13 @@ class OpenAIServer:
     def requests(self) -> list[Received]:
         with self._lock:
             return list(self._received)
+
+    @property
+    def undelivered(self) -> set[float]:
+        """Arrival times (``Received.at``) of the requests whose answer could not be written:
+        the client had gone (killed, or its connection dropped), so it may ask again."""
+        with self._lock:
+            return set(self._undelivered)
 
     @property
     def pending(self) -> int:
@@ -306,7 +314,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send_error(reply)
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (a timeout test): nothing to tell it
+            with fake._lock:  # the client gave up or went away: nothing to tell it
+                fake._undelivered.append(received.at)
 
     def _read_body(self) -> Any:
         length = int(self.headers.get("content-length") or 0)
