@@ -86,25 +86,21 @@ def awaiting(
 ) -> Add:
     """The row of a call that must be approved before it runs: written with the fenced write
     that puts the task to wait, it is not run (``runs`` 0) until a decision says so."""
-    return Add(
-        _CALLS,
-        {
-            "task_id": lease.task_id,
-            "step_number": lease.step,
-            "position": position,
-            "call_id": call_id,
-            "provider_call_id": provider_call_id,
-            "tool": tool,
-            "arguments": arguments,
-            "status": AWAITING,
-            "idempotency_key": idempotency_key(lease.task_id, call_id),
-            "runs": 0,
-            "lease_epoch": lease.epoch,
-            "started_at": utcnow(),
-            "approval_deadline_ms": deadline_ms,
-            "approval_on_timeout": on_timeout,
-        },
+    row = started(
+        lease,
+        position=position,
+        call_id=call_id,
+        provider_call_id=provider_call_id,
+        tool=tool,
+        arguments=arguments,
     )
+    waits = {
+        "status": AWAITING,
+        "runs": 0,
+        "approval_deadline_ms": deadline_ms,
+        "approval_on_timeout": on_timeout,
+    }
+    return Add(_CALLS, row.values | waits)
 
 
 def extend_wait(call_id: str, *, deadline_ms: int) -> Change:

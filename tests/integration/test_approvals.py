@@ -4,6 +4,7 @@ never runs it and the model reads why; deadlines apply their policy once."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,20 @@ def decide(
     return client.post(
         f"/v1/tasks/{task_id}/approvals/{call_id}", json=body, headers=tenant.headers
     )
+
+
+def past_deadline(task_id: str) -> list[tuple[str, str, str]]:
+    """The task's waits once their deadline (10 ms after the wait began) has passed on the
+    database's clock: polled, never assumed."""
+    from shared.approvals import decisions
+
+    for _ in range(200):
+        with transaction() as session:
+            due = [d for d in decisions.due(session) if d[0] == task_id]
+        if due:
+            return due
+        time.sleep(0.05)
+    raise AssertionError(f"task {task_id}: no wait passed its deadline")
 
 
 def calls(task_id: str) -> list[ToolCall]:
@@ -191,16 +206,14 @@ def test_a_deadline_applies_its_policy_once(
     policy: str,
     status: str,
 ) -> None:
-    from shared.approvals import decisions
     from workers.sweeper import expire_approvals
 
     approval = {"tools": [], "timeout_seconds": 0.01, "on_timeout": policy}
     task_id = start(client, tenant, [WIRE, DONE], approval=approval)
     drive(task_id)
-    with transaction() as session:
-        due = decisions.due(session)
-    assert [(t, c) for t, c, _ in due if t == task_id] == [(task_id, "1-0")]
-    expire_approvals([d for d in due if d[0] == task_id] * 2)  # twice: applied once
+    due = past_deadline(task_id)
+    assert [(t, c) for t, c, _ in due] == [(task_id, "1-0")]
+    expire_approvals(due * 2)  # twice: applied once
     late = "reject" if policy == "approve" else "approve"  # a person, after the deadline
     assert_problem(decide(client, tenant, task_id, decision=late), 409)
     assert drive(task_id) == status
@@ -294,6 +307,7 @@ def test_an_expired_approval_link_changes_nothing(
     task_id = start(client, tenant, [WIRE, DONE], approval=approval)
     drive(task_id)
     path = link_path(client, tenant, task_id)
+    past_deadline(task_id)  # the link expires with the wait
     assert client.get(path).status_code == 410
     assert client.post(path, data={"decision": "approve"}).status_code == 410
     assert status_of(task_id) == "awaiting_approval"
@@ -318,8 +332,7 @@ def test_a_task_failed_by_a_deadline_waits_again_when_retried(
     approval = {"tools": [], "timeout_seconds": 0.01, "on_timeout": "fail"}
     task_id = start(client, tenant, [WIRE, DONE], approval=approval)
     drive(task_id)
-    with transaction() as session:
-        expire_approvals([d for d in decisions.due(session) if d[0] == task_id])
+    expire_approvals(past_deadline(task_id))
     assert status_of(task_id) == "failed"
     with transaction() as session:  # the retried wait gets a deadline it can meet
         session.query(Task).filter_by(id=task_id).update({"approval": {"timeout_seconds": 3600}})
