@@ -27,6 +27,7 @@ from api.routes import (
     health,
     keys,
     overview,
+    scheduling,
     tasks,
     webhook_endpoints,
     webhooks,
@@ -153,6 +154,7 @@ def create_app() -> FastAPI:
         webhook_endpoints,
         fleet,
         overview,
+        scheduling,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     return app

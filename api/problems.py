@@ -25,6 +25,7 @@ from shared.errors import (
     IdempotencyMismatch,
     InvalidRequest,
     NotFound,
+    QueueFull,
     RatchetError,
 )
 
@@ -219,6 +220,9 @@ async def _domain(_: Request, exc: Exception) -> JSONResponse:
         return problem(422, str(exc), slug="validation-error", errors=errors)
     if isinstance(exc, EgressDenied):
         return problem(422, str(exc), slug="validation-error")
+    if isinstance(exc, QueueFull):
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return problem(429, str(exc), slug="queue-full", headers=headers)
     status = {
         NotFound: 404,
         Conflict: 409,

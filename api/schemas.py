@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -149,6 +150,9 @@ class WebhookSpec(BaseModel):
     )
 
 
+MAX_DELAY_SECONDS = 366 * 86_400
+
+
 class TaskCreate(BaseModel):
     """What a client submits. Only ``input`` is required."""
 
@@ -196,6 +200,19 @@ class TaskCreate(BaseModel):
     budget: Budget | None = None
     webhook: WebhookSpec | None = None
     approval: ApprovalSpec | None = None
+    priority: int = Field(
+        0,
+        ge=-10,
+        le=10,
+        description="higher runs first among this tenant's tasks (never ahead of another "
+        "tenant's fair share)",
+    )
+    run_at: AwareDatetime | None = Field(
+        None, description="not before this time (with its UTC offset); at most a year ahead"
+    )
+    delay_seconds: float | None = Field(
+        None, ge=0, le=MAX_DELAY_SECONDS, description="not before this many seconds from now"
+    )
     metadata: Annotated[
         dict[Annotated[Text, Field(max_length=100)], MetadataValue], Field(max_length=50)
     ] = Field(default_factory=dict, description="yours: returned with the task, never read")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from typing import Any
 
 from fastapi import HTTPException
@@ -12,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from api.problems import field_name
-from api.schemas import TaskCreate
+from api.schemas import MAX_DELAY_SECONDS, TaskCreate
 from shared.agents.registry import get_agent, get_registry
 from shared.errors import EgressDenied, InvalidRequest, NotFound
 from shared.providers import Script, check_available, parse_model, script_delays_over
@@ -120,7 +121,24 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         metadata=body.metadata,
         deadline_seconds=settings.task_deadline_seconds or None,
         approval=approval,
+        priority=body.priority,
+        run_at_ms=_run_at_ms(body),
     )
+
+
+def _run_at_ms(body: TaskCreate) -> int | None:
+    """When the task may start, from ``run_at`` or ``delay_seconds`` (one or neither)."""
+    if body.run_at is not None and body.delay_seconds is not None:
+        raise InvalidRequest("delay_seconds", "give run_at or delay_seconds, not both")
+    now = time.time()
+    if body.delay_seconds is not None:
+        return int((now + body.delay_seconds) * 1000)
+    if body.run_at is None:
+        return None
+    at = body.run_at.timestamp()
+    if at > now + MAX_DELAY_SECONDS:
+        raise InvalidRequest("run_at", "must be at most a year ahead")
+    return int(at * 1000)
 
 
 def _check_tools(requested: list[str], allowed: tuple[str, ...]) -> list[str]:

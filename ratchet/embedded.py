@@ -98,7 +98,7 @@ def run(*, host: str, port: int, concurrency: int) -> None:
     with transaction() as session:
         key = dev_api_key(session, key_file(settings))
 
-    from workers import presence, sweeper
+    from workers import dispatcher, presence, sweeper
     from workers.app import app  # the Celery app with Ratchet's tasks registered
 
     # Quieter by default than a production process: warnings, unless RATCHET_LOG_LEVEL says.
@@ -115,6 +115,7 @@ def run(*, host: str, port: int, concurrency: int) -> None:
         queues=[webhook_queue(settings), settings.queue_name],
     ):
         sweeper.start()  # the in-memory queue does not survive a restart: the sweeper heals
+        dispatcher.start()  # admits the backlog (and fires schedules), as on a fleet
         presence.start()  # the fleet view (in this process's memory) lists this worker
         url = f"http://{host}:{port}"
         database = describe_database(settings)

@@ -17,3 +17,6 @@ CANCELS_CHANNEL = REDIS_PREFIX + "cancels"
 WORKERS_PREFIX = REDIS_PREFIX + "workers:"
 WORKER_PREFIX = REDIS_PREFIX + "worker:"
 LAST_SWEEP_PREFIX = REDIS_PREFIX + "last-sweep:"
+# Published after a commit that left work for the dispatcher (a submission, a retry, a
+# decision), per queue name: wakes the dispatcher that holds the lead.
+DISPATCH_CHANNEL_PREFIX = REDIS_PREFIX + "dispatch:"

@@ -48,6 +48,14 @@ class InvalidRequest(RatchetError):
         self.reason = message
 
 
+class QueueFull(RatchetError):
+    """The tenant holds its most queued tasks: retry once some have started."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class KeyRejected(RatchetError):
     """The API key is not valid."""
 

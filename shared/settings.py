@@ -101,6 +101,19 @@ class Settings(BaseSettings):
 
     rate_limits: str = ""
     rate_limits_file: Path | None = None
+    # Scheduling (shared.scheduling): concurrency limits per tenant, agent and pool, and
+    # queue caps, as JSON or a TOML file (an operator's runtime settings override both).
+    concurrency: str = ""
+    concurrency_file: Path | None = None
+    # Admission: round-robin across tenants (off: one FIFO for everyone, by priority and due
+    # time); at most this many admitted messages wait in the broker ahead of the workers;
+    # the fleet's slots (empty: the live workers' threads); how often the dispatcher looks
+    # again while a backlog waits; how late a schedule's tick may fire before it is missed.
+    fair_scheduling: bool = True
+    dispatch_window: int = Field(64, ge=1, le=100_000)
+    dispatch_capacity: int | None = Field(None, ge=1)
+    dispatch_interval_seconds: float = Field(0.05, gt=0, le=10)
+    schedule_misfire_grace_seconds: float = Field(60.0, ge=0)
     rate_limit_inline_wait_ms: int = Field(250, ge=0)
     # AIMD: each provider 429 halves the model's configured rates (not below a tenth), and
     # they creep back by a tenth of the configured rate per minute without one.
@@ -226,6 +239,24 @@ class Settings(BaseSettings):
             )
 
             parse_inline(value)
+        return value
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, value: str) -> str:
+        if value.strip():
+            from shared.scheduling.limits import parse_inline  # imported late, as above
+
+            parse_inline(value)
+        return value
+
+    @field_validator("concurrency_file")
+    @classmethod
+    def _concurrency_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            from shared.scheduling.limits import parse_file
+
+            parse_file(value)
         return value
 
     @field_validator("rate_limits_file")

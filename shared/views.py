@@ -30,6 +30,10 @@ class TaskView(BaseModel):
     pending_approval: dict[str, Any] | None
     # A cancel asked for while a step was in flight, until the task is cancelled.
     cancel_requested_at: datetime | None = None
+    priority: int = 0
+    # Not before then (asked for at submission), and the schedule that fired it, if one did.
+    run_at: datetime | None = None
+    schedule_id: str | None = None
     metadata: dict[str, Any]
 
 
@@ -111,6 +115,12 @@ class TaskState(Protocol):
     def lease_owner(self) -> str | None: ...
     @property
     def lease_expires_ms(self) -> int | None: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def run_at(self) -> datetime | None: ...
+    @property
+    def schedule_id(self) -> str | None: ...
 
 
 def task_view(task: TaskState) -> TaskView:
@@ -135,6 +145,9 @@ def task_view(task: TaskState) -> TaskView:
         error=task.error,
         pending_approval=task.pending_approval,
         cancel_requested_at=aware(task.cancel_requested_at),
+        priority=task.priority,
+        run_at=aware(task.run_at),
+        schedule_id=task.schedule_id,
         metadata=task.meta,
     )
 

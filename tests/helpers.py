@@ -23,3 +23,21 @@ def scripted_task(script: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         "model": "scripted",
         "model_options": {"script": script},
     } | extra
+
+
+def admit() -> int:
+    """Admit every task the dispatcher would (as its rounds do on a worker), sending their
+    messages; returns how many. For tests that run no worker process."""
+    from workers.dispatcher import Dispatcher
+
+    dispatcher = Dispatcher()
+    total = 0
+    try:
+        while dispatcher.lead():
+            found = dispatcher.round()
+            total += len(found.admitted)
+            if not found.admitted:
+                break
+    finally:
+        dispatcher.resign()
+    return total

@@ -15,7 +15,7 @@ from shared.queue import get_celery
 from shared.settings import get_settings
 from shared.store.db import reset_engines
 from shared.webhooks import egress
-from workers import presence, step_pool, sweeper, tokens, webhook_sender
+from workers import dispatcher, presence, step_pool, sweeper, tokens, webhook_sender
 from workers.steps import runner
 
 log = logging.getLogger("ratchet.worker")
@@ -73,6 +73,7 @@ def _load_registry(**_: Any) -> None:
 @signals.worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     sweeper.start()
+    dispatcher.start()
     if not presence.forks():  # the steps run in this process (a threads pool)
         presence.start()
 

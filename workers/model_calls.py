@@ -132,7 +132,7 @@ def limited_call(
     wait_for_capacity(takes, model)
     if not still_held():
         _refund(takes)
-        raise LeaseLost(f"task {request.task_id}: the lease may have run out; not asking")
+        raise LeaseLost(f"task {request.task_id}: its lease may have run out; not asking")
     started, started_at = time.perf_counter(), datetime.now(UTC)
     try:
         response = provider.complete(request)

@@ -28,11 +28,11 @@ from sqlalchemy import select
 from shared.approvals import decisions
 from shared.ops import fleet
 from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
+from shared.scheduling.wake import wake
 from shared.settings import get_settings
 from shared.store import tasks
 from shared.store.backends import backend_of, write_session
 from shared.store.db import now_ms, transaction
-from shared.store.tables import Task
 from shared.webhooks import deliveries as webhook_deliveries
 from workers import presence
 
@@ -92,11 +92,10 @@ def expire_approvals(expired: Sequence[tuple[str, str, str]]) -> None:
     for task_id, call_id, policy in expired:
         with transaction() as session:
             resumed, deliveries = decisions.expire(session, task_id, call_id, policy)
-            step = session.scalar(select(Task.steps).where(Task.id == task_id)) if resumed else None
         log.info("approval of %s %s timed out: %s", task_id, call_id, policy)
         enqueue_deliveries(deliveries)
-        if step is not None:
-            enqueue_step(task_id, step + 1)
+        if resumed:
+            wake()  # the task is back in the backlog: the dispatcher admits it
 
 
 def _waiting_since(sent_ms: int | None, offset_ms: int) -> int | None:

@@ -14,7 +14,8 @@ from api.deps import Approver, SessionDep
 from api.problems import responses
 from shared import notify
 from shared.approvals.decisions import Decided, decide
-from shared.queue import enqueue_deliveries, enqueue_step
+from shared.queue import enqueue_deliveries
+from shared.scheduling.wake import wake
 from shared.views import TaskView, aware, task_view
 
 log = logging.getLogger("ratchet.api")
@@ -50,7 +51,7 @@ def after_commit(decided: Decided) -> None:
     try:
         enqueue_deliveries(decided.deliveries)
         if decided.resumed:
-            enqueue_step(decided.task.id, decided.task.steps + 1)
+            wake()  # the task is back in the backlog: the dispatcher admits it
     except Exception:
         log.exception("enqueue failed; the sweeper will retry", extra={"task_id": decided.task.id})
 

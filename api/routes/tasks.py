@@ -33,7 +33,9 @@ from api.stream_limits import limits
 from shared import notify
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
 from shared.observability import metrics
-from shared.queue import enqueue_deliveries, enqueue_step
+from shared.queue import enqueue_deliveries
+from shared.scheduling import caps
+from shared.scheduling.wake import wake
 from shared.settings import get_settings
 from shared.store import checkpoints, ledger, tasks
 from shared.store.db import get_sessionmaker
@@ -47,14 +49,15 @@ FALLBACK_POLL_SECONDS = 2.0
 
 
 def _after_commit(task: Task, deliveries: list[str], *, run: bool = False) -> None:
-    """The change is committed: wake readers, send webhooks, and (``run``) ask a worker to
-    advance the task. If the broker is down the sweeper sends these messages later."""
+    """The change is committed: wake readers, send webhooks, and (``run``) wake the
+    dispatcher, which admits the task from the backlog when its turn comes. If the broker is
+    down the sweeper sends the webhooks later; a lost wake-up costs one dispatcher poll."""
     notify.publish([task.id])
     try:
         if deliveries:
             enqueue_deliveries(deliveries)
         if run:
-            enqueue_step(task.id, task.steps + 1)
+            wake()
     except Exception:
         log.exception("enqueue failed; the sweeper will retry", extra={"task_id": task.id})
 
@@ -95,7 +98,8 @@ SUBMIT_RESPONSES = {
             409: "a request with the same Idempotency-Key is still in progress",
             422: "the body is invalid (``errors`` names each bad field), names an unknown "
             "agent, tool or model, or reuses an Idempotency-Key with a different body",
-            429: "the tenant is over its submission rate limit",
+            429: "the tenant is over its submission rate limit, or holds its most queued "
+            "tasks (``max_queued``); nothing was created",
             503: "the database or the rate limiter is unavailable; retry shortly",
         }
     ),
@@ -145,6 +149,7 @@ def submit_task(
             if existing:
                 task = _replay(existing, digest)
             else:
+                caps.check(session, principal.tenant_id, principal.tenant_name)
                 task = tasks.create_task(
                     session,
                     principal.tenant_id,

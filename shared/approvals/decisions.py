@@ -104,6 +104,7 @@ def decide(
     resumed = _still_waiting(session, task, call) == []
     if resumed:
         task.status, task.pending_approval, task.due_ms = TaskStatus.RUNNING, None, now_ms()
+        task.admitted_ms = None  # back in the backlog: the dispatcher admits its next step
     task.last_event_seq += 1
     task.updated_at = utcnow()
     session.flush()

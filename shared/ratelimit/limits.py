@@ -18,12 +18,12 @@ provider's reported usage afterwards.
 from __future__ import annotations
 
 import time
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from shared import configfile
 from shared.ratelimit.buckets import Bucket, LimiterUnavailable, Take
 from shared.ratelimit.limiter import get_limiter
 from shared.settings import get_settings
@@ -49,32 +49,12 @@ class LimitsConfig(BaseModel):
 
 def parse_inline(text: str) -> LimitsConfig:
     """``RATCHET_RATE_LIMITS``; ValueError naming what is wrong (settings validation calls it)."""
-    try:
-        return LimitsConfig.model_validate_json(text)
-    except ValidationError as exc:
-        raise ValueError(_first_error(exc)) from None
+    return configfile.parse_inline(LimitsConfig, text)
 
 
 def parse_file(file: Path) -> LimitsConfig:
     """``RATCHET_RATE_LIMITS_FILE``; ValueError naming what is wrong."""
-    try:
-        loaded = tomllib.loads(file.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"no such file: {file}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {file}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{file} is not valid TOML: {exc}") from None
-    try:
-        return LimitsConfig.model_validate(loaded)
-    except ValidationError as exc:
-        raise ValueError(f"{file}: {_first_error(exc)}") from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"])
-    return f"{where}: {error['msg']}" if where else error["msg"]
+    return configfile.parse_file(LimitsConfig, file)
 
 
 @lru_cache

@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -48,6 +49,9 @@ class TaskStatus:
     ALL = (QUEUED, RUNNING, AWAITING_APPROVAL, SUCCEEDED, FAILED, CANCELLED)
     TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
     RUNNABLE = (QUEUED, RUNNING)
+
+
+_RUNNABLE_SQL = "('queued', 'running')"
 
 
 class Tenant(Base):
@@ -97,6 +101,22 @@ class Task(Base):
         # The dashboard's time windows (submitted and finished per minute, recent durations).
         Index("ix_tasks_created_at", "created_at"),
         Index("ix_tasks_finished_at", "finished_at"),
+        # The dispatcher's two questions (shared.scheduling): what each tenant has waiting, in
+        # the order it is admitted, and what is admitted now. Both stay as small as those sets.
+        Index(
+            "ix_tasks_backlog",
+            "tenant_id",
+            text("priority DESC"),
+            "due_ms",
+            postgresql_where=text(f"admitted_ms IS NULL AND status IN {_RUNNABLE_SQL}"),
+            sqlite_where=text(f"admitted_ms IS NULL AND status IN {_RUNNABLE_SQL}"),
+        ),
+        Index(
+            "ix_tasks_admitted",
+            "tenant_id",
+            postgresql_where=text(f"admitted_ms IS NOT NULL AND status IN {_RUNNABLE_SQL}"),
+            sqlite_where=text(f"admitted_ms IS NOT NULL AND status IN {_RUNNABLE_SQL}"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -138,6 +158,13 @@ class Task(Base):
     # When the next step should run; the sweeper re-enqueues runnable tasks long past due.
     due_ms: Mapped[int | None] = mapped_column(BigInteger)
     deadline_ms: Mapped[int | None] = mapped_column(BigInteger)
+    # Scheduling: a runnable task waits in the backlog (admitted_ms NULL) until the dispatcher
+    # admits it to the queue; admitted, it holds a slot of every concurrency limit it falls
+    # under until it ends or waits (a backoff, an approval). priority orders a tenant's own.
+    admitted_ms: Mapped[int | None] = mapped_column(BigInteger)
+    priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
+    run_at: Mapped[datetime | None]  # asked for at submission: not before then
+    schedule_id: Mapped[str | None] = mapped_column(String(36))  # the schedule that fired it
     cancel_requested_at: Mapped[datetime | None]  # a cancel asked for and not landed yet
     last_event_seq: Mapped[int] = mapped_column(default=0)
 
@@ -290,3 +317,56 @@ class WebhookAttempt(Base):
     status_code: Mapped[int | None]
     latency_ms: Mapped[int]
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class ConcurrencyLimit(Base):
+    """An operator's runtime setting of a concurrency limit; it overrides the settings' and the
+    file's for the same scope (``kind``: tenant, agent or pool; ``name``: the tenant's name,
+    the agent, the pool, or ``*``)."""
+
+    __tablename__ = "concurrency_limits"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    spec: Mapped[dict[str, Any]]  # max_running, max_queued, weight, match (pools)
+    updated_by: Mapped[str] = mapped_column(String(200))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Schedule(Base):
+    """A task body submitted on a cron expression in a time zone; ``next_fire_ms`` is its next
+    tick, moved on in the transaction that creates the tick's task."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name", name="uq_schedules_tenant_name"),
+        Index("ix_schedules_due", "next_fire_ms", postgresql_where=text("NOT paused")),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100))
+    cron: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    body: Mapped[dict[str, Any]]  # the submission, as POST /v1/tasks takes it
+    catch_up: Mapped[str] = mapped_column(String(16))  # a missed tick: "run_once" or "skip"
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    next_fire_ms: Mapped[int] = mapped_column(BigInteger)
+    last_fired_ms: Mapped[int | None] = mapped_column(BigInteger)
+    last_task_id: Mapped[str | None] = mapped_column(String(36))
+    fired: Mapped[int] = mapped_column(BigInteger, default=0)
+    skipped: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Leader(Base):
+    """Who leads a fleet-wide duty (the dispatch) until when (database clock): the holder
+    renews it while it lives; once it runs out, any process may take it."""
+
+    __tablename__ = "leaders"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    expires_ms: Mapped[int] = mapped_column(BigInteger)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, select, update
@@ -35,6 +36,9 @@ class NewTask:
     metadata: dict[str, Any]
     deadline_seconds: float | None = None
     approval: dict[str, Any] | None = None
+    priority: int = 0
+    run_at_ms: int | None = None  # not before then (epoch ms); None: at once
+    schedule_id: str | None = None
 
 
 def create_task(
@@ -63,7 +67,11 @@ def create_task(
         approval=spec.approval,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
-        due_ms=now_ms(),
+        # It waits in the backlog until the dispatcher admits it (shared.scheduling).
+        due_ms=spec.run_at_ms if spec.run_at_ms is not None else now_ms(),
+        priority=spec.priority,
+        run_at=_at(spec.run_at_ms),
+        schedule_id=spec.schedule_id,
         deadline_ms=now_ms() + int(spec.deadline_seconds * 1000) if spec.deadline_seconds else None,
         last_event_seq=1,  # task.queued, logged below
     )
@@ -71,6 +79,10 @@ def create_task(
     session.flush()  # the row first: the event references it
     _insert_logged(session, task, "task.queued", deliveries)
     return task
+
+
+def _at(epoch_ms: int | None) -> datetime | None:
+    return None if epoch_ms is None else datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
 
 
 def _log_event(session: Session, task: Task, type_: str, deliveries: list[str] | None) -> None:
@@ -184,6 +196,7 @@ def requeue_failed(
             attempt=0,
             model_failures=0,
             due_ms=now_ms(),
+            admitted_ms=None,  # back in the backlog: the dispatcher admits it
             updated_at=utcnow(),
         )
         .execution_options(synchronize_session=False)
@@ -203,6 +216,7 @@ def _overdue(
     sent, see the sweeper) is only behind a backlog: its message is still to come."""
     overdue = (
         Task.status.in_(TaskStatus.RUNNABLE)
+        & Task.admitted_ms.is_not(None)  # the backlog's tasks have no message: not lost
         & (Task.due_ms < clock - grace_ms)
         & (Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms < clock))
     )

@@ -176,6 +176,7 @@ def release_values(
         "lease_owner": None,
         "lease_expires_ms": None,
         "due_ms": FromNow(delay_ms),
+        "admitted_ms": None,  # its slots are free while it waits; the dispatcher re-admits it
     }
     if model_failures is not None:
         values["model_failures"] = model_failures

@@ -25,7 +25,7 @@ from shared.store.backends import write_session
 from shared.store.db import transaction
 from shared.store.tables import Step, Task, TaskEvent, ToolCall
 from tests.conftest import TenantHandle
-from tests.helpers import calculator_script, scripted_task, tool_turn
+from tests.helpers import admit, calculator_script, scripted_task, tool_turn
 from workers.providers.scripted import ScriptedProvider
 from workers.steps import runner
 from workers.steps.context import load_context
@@ -397,6 +397,7 @@ def test_sweeper_re_enqueues_a_task_whose_message_was_lost(
     from workers import sweeper
 
     task_id = submit(client, tenant, scripted_task(calculator_script(2)))
+    assert admit() == 1
     with transaction() as session:  # as if the message vanished a minute ago
         session.execute(update(Task).where(Task.id == task_id).values(due_ms=1))
     assert sweeper.sweep_once() >= 1

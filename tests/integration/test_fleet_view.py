@@ -27,7 +27,7 @@ from shared.store.db import transaction
 from shared.store.leases import Lease
 from shared.store.tables import Task
 from tests.conftest import REDIS_URL, TenantHandle, environment
-from tests.helpers import calculator_script, scripted_task
+from tests.helpers import admit, calculator_script, scripted_task
 from workers import heartbeat, presence, step_pool, sweeper
 
 pytestmark = pytest.mark.backends("postgresql", "sqlite")
@@ -140,6 +140,7 @@ def test_the_sweeper_records_each_run_it_makes(
 ) -> None:
     assert fleet.last_sweep() is None
     lost = submit(client, tenant)
+    assert admit() == 1
     with transaction() as session:  # due a minute ago: its message went missing long since
         session.execute(update(Task).where(Task.id == lost).values(due_ms=Task.due_ms - 60_000))
 

@@ -25,7 +25,7 @@ from shared.store.db import transaction
 from shared.store.tables import Task, WebhookDelivery
 from tests.conftest import REDIS_URL, TenantHandle
 from tests.fakes.receiver import WebhookReceiver
-from tests.helpers import calculator_script, scripted_task
+from tests.helpers import admit, calculator_script, scripted_task
 from workers import sweeper, webhook_sender
 
 GRACE_S = 1.0
@@ -50,6 +50,7 @@ def submit(client: TestClient, tenant: TenantHandle, **extra: Any) -> str:
     body = scripted_task(calculator_script(2), **extra)
     response = client.post("/v1/tasks", json=body, headers=tenant.headers)
     assert response.status_code == 202, response.text
+    assert admit() == 1  # as the dispatcher does: admitted, its message sent
     return str(response.json()["id"])
 
 

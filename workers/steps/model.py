@@ -16,7 +16,6 @@ from shared import failpoints
 from shared.errors import ModelError
 from shared.observability import tracing
 from shared.pricing import cost_usd
-from shared.queue import enqueue_step
 from shared.settings import get_settings
 from shared.store import checkpoints, ledger
 from shared.store.tables import TaskStatus, utcnow
@@ -112,7 +111,9 @@ def call_model(ctx: Context) -> Answer:
 def defer(
     ctx: Context, deferred: model_calls.Deferred, *, failed: list[dict[str, Any]]
 ) -> NoReturn:
-    """Give the lease back and come back for this step after the wait, via the queue."""
+    """Give the lease back (and the task's concurrency slots) and come back for this step
+    after the wait: the task waits in the backlog until it is due, and the dispatcher admits
+    it again."""
     lease = ctx.lease
     cap_ms = get_settings().visibility_timeout_seconds * 500  # never an ETA the broker redelivers
     delay_ms = min(int(deferred.delay_s * 1000), cap_ms)
@@ -122,12 +123,11 @@ def defer(
             release(lease, delay_ms=delay_ms, model_failures=deferred.failures, waiting=waiting)
         )
     log.info(
-        "step waits %d ms via the queue: %s",
+        "step waits %d ms in the backlog: %s",
         delay_ms,
         deferred.reason,
         extra={"task_id": lease.task_id},
     )
-    enqueue_step(lease.task_id, lease.step, delay_ms=delay_ms)
     raise TaskEnded
 
 

@@ -188,7 +188,7 @@ def run_leased(ctx: Context) -> StepOutcome:
         with heartbeat.kept(lease), cancels.watching(lease.task_id):
             return StepOutcome.FINISHED if run_step(ctx) else StepOutcome.COMMITTED
     except LeaseLost as exc:
-        log.warning("fenced: %s", exc, extra=extra)
+        log.warning("fenced: %s (this step's lease epoch %d)", exc, lease.epoch, extra=extra)
         return StepOutcome.FENCED
     except DBAPIError as exc:
         if not session_ended(exc):

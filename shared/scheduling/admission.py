@@ -1,0 +1,259 @@
+"""Admission: which waiting tasks go to the Celery queue now.
+
+PostgreSQL holds the backlog: a runnable task that is not admitted (``admitted_ms`` NULL)
+waits there, whatever it waits for (its first step, a backoff that ended, a decision). Each
+round the dispatcher admits as many as the fleet has room for, and no more than
+``RATCHET_DISPATCH_WINDOW`` waiting in the broker, so the broker's queue stays short and the
+order of admission is Ratchet's:
+
+- **round-robin across tenants** (weighted): each tenant with work due gets its turn, the one
+  served longest ago first, so a tenant with one task waits about one round whatever the
+  others have queued;
+- **by priority, then due time, within a tenant**: priority never crosses tenants;
+- **within every limit**: a task is admitted only while its tenant, its agent and each pool it
+  belongs to has a free slot. Admitted tasks (running, or with a message on its way) hold the
+  slots; a task that waits (rate limit, backoff, approval) gives its slot back.
+
+An admitted task keeps its slot from step to step: a step that may continue at once does so
+on the worker (or by a direct message), never through the dispatcher.
+
+Admission is one UPDATE (``admitted_ms`` set, due now) committed before the messages are
+sent. A dispatcher that dies in between leaves admitted tasks without a message: the sweeper
+sends them one, as for any lost message. The UPDATE only takes tasks still waiting, so two
+dispatchers (briefly, in a failover) never admit a task twice; and a lease is what lets a
+step run, whatever the messages.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import case, func, select, true, update
+from sqlalchemy.orm import Session
+
+from shared.scheduling.limits import Limits
+from shared.store.db import now_ms
+from shared.store.tables import Task, TaskStatus, Tenant
+
+PER_TENANT = 32  # candidates read per tenant and round: at most this many admitted each
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    tenant_id: str
+    tenant: str
+    agent: str
+    model: str
+    steps: int
+
+
+@dataclass
+class Use:
+    """What is admitted now: slots held per tenant, agent and pool, and how many of them are
+    still a message in the broker (admitted, not yet leased)."""
+
+    total: int = 0
+    in_queue: int = 0
+    tenants: Counter[str] = field(default_factory=Counter)  # by tenant name
+    agents: Counter[str] = field(default_factory=Counter)
+    pools: Counter[str] = field(default_factory=Counter)
+
+    def add(self, limits: Limits, *, tenant: str, agent: str, model: str, n: int = 1) -> None:
+        self.total += n
+        self.tenants[tenant] += n
+        self.agents[agent] += n
+        for pool in limits.pools_of(tenant=tenant, agent=agent, model=model):
+            self.pools[pool] += n
+
+
+def runnable() -> Any:
+    return Task.status.in_(TaskStatus.RUNNABLE)
+
+
+def in_use(session: Session, limits: Limits) -> Use:
+    """The admitted tasks, counted by what limits them (through ``ix_tasks_admitted``)."""
+    clock = now_ms()
+    leased = case((Task.lease_expires_ms > clock, 1), else_=0)
+    rows = session.execute(
+        select(Tenant.name, Task.agent, Task.model, func.count(), func.sum(leased))
+        .join(Tenant, Tenant.id == Task.tenant_id)
+        .where(Task.admitted_ms.is_not(None), runnable())
+        .group_by(Tenant.name, Task.agent, Task.model)
+    ).all()
+    use = Use()
+    for tenant, agent, model, count, leased_count in rows:
+        use.add(limits, tenant=tenant, agent=agent, model=model, n=int(count))
+        use.in_queue += int(count) - int(leased_count or 0)
+    return use
+
+
+def _waiting() -> Any:
+    return Task.admitted_ms.is_(None) & runnable() & (Task.due_ms <= now_ms())
+
+
+def candidates(session: Session, *, per_tenant: int, fair: bool) -> list[Candidate]:
+    """The tasks due to run, each tenant's first ``per_tenant`` in the order it is admitted
+    (fair); or (not fair) the first ones of everyone's, by priority and due time alone."""
+    columns = (Task.id, Task.tenant_id, Tenant.name, Task.agent, Task.model, Task.steps)
+    order = (Task.priority.desc(), Task.due_ms, Task.id)
+    if not fair:
+        query = (
+            select(*columns)
+            .join(Tenant, Tenant.id == Task.tenant_id)
+            .where(_waiting())
+            .order_by(*order)
+            .limit(per_tenant)
+        )
+    elif session.get_bind().dialect.name == "postgresql":
+        # One index probe per tenant (``ix_tasks_backlog``), however long its backlog.
+        first = (
+            select(Task.id, Task.agent, Task.model, Task.steps, Task.priority, Task.due_ms)
+            .where(Task.tenant_id == Tenant.id, _waiting())
+            .order_by(*order)
+            .limit(per_tenant)
+            .lateral("first")
+        )
+        query = (
+            select(first.c.id, Tenant.id, Tenant.name, first.c.agent, first.c.model, first.c.steps)
+            .select_from(Tenant)
+            .join(first, true())
+        )
+    else:
+        ranked = (
+            select(
+                *columns,
+                func.row_number().over(partition_by=Task.tenant_id, order_by=order).label("rank"),
+            )
+            .join(Tenant, Tenant.id == Task.tenant_id)
+            .where(_waiting())
+            .subquery()
+        )
+        query = select(*[ranked.c[c.name] for c in ranked.c if c.name != "rank"]).where(
+            ranked.c.rank <= per_tenant
+        )
+    return [Candidate(*row) for row in session.execute(query).all()]
+
+
+@dataclass
+class Rotation:
+    """Whose turn it is: tenants served longest ago go first (kept by the dispatcher)."""
+
+    served: dict[str, int] = field(default_factory=dict)
+    _tick: itertools.count[int] = field(default_factory=itertools.count)
+
+    def order(self, tenant_ids: Sequence[str]) -> list[str]:
+        return sorted(tenant_ids, key=lambda t: (self.served.get(t, -1), t))
+
+    def serve(self, tenant_id: str) -> None:
+        self.served[tenant_id] = next(self._tick)
+
+
+def choose(
+    found: Sequence[Candidate],
+    *,
+    limits: Limits,
+    use: Use,
+    budget: int,
+    fair: bool,
+    rotation: Rotation,
+) -> list[Candidate]:
+    """Pick up to ``budget`` of ``found``: round-robin over tenants (weighted), each tenant's
+    in its order, every pick within its limits. Updates ``use`` and ``rotation``."""
+    queues: dict[str, list[Candidate]] = defaultdict(list)
+    for candidate in found:
+        queues[candidate.tenant_id if fair else ""].append(candidate)
+    picked: list[Candidate] = []
+    while budget > 0 and queues:
+        for key in rotation.order(list(queues)) if fair else [""]:
+            queue = queues[key]
+            turns = limits.tenant(queue[0].tenant).weight if fair else budget
+            while turns > 0 and budget > 0 and queue:
+                candidate = queue.pop(0)
+                if not _room(candidate, limits, use):
+                    continue
+                use.add(
+                    limits, tenant=candidate.tenant, agent=candidate.agent, model=candidate.model
+                )
+                picked.append(candidate)
+                turns, budget = turns - 1, budget - 1
+                if fair:
+                    rotation.serve(key)
+            if not queue or budget <= 0:
+                queues.pop(key, None)
+    return picked
+
+
+def _room(candidate: Candidate, limits: Limits, use: Use) -> bool:
+    tenant_max = limits.tenant(candidate.tenant).max_running
+    if tenant_max is not None and use.tenants[candidate.tenant] >= tenant_max:
+        return False
+    agent = limits.agent(candidate.agent)
+    if agent is not None and use.agents[candidate.agent] >= agent.max_running:
+        return False
+    for pool in limits.pools_of(
+        tenant=candidate.tenant, agent=candidate.agent, model=candidate.model
+    ):
+        if use.pools[pool] >= limits.config.pools[pool].max_running:
+            return False
+    return True
+
+
+def admit(session: Session, picked: Sequence[Candidate]) -> list[tuple[str, int]]:
+    """Mark ``picked`` admitted (those still waiting); (task, step) for each, to send."""
+    if not picked:
+        return []
+    rows = session.execute(
+        update(Task)
+        .where(Task.id.in_([c.id for c in picked]), Task.admitted_ms.is_(None), runnable())
+        .values(admitted_ms=now_ms(), due_ms=now_ms())
+        .returning(Task.id, Task.steps)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return [(row.id, row.steps + 1) for row in rows]
+
+
+@dataclass(frozen=True)
+class Round:
+    admitted: list[tuple[str, int]]
+    waiting: bool  # tasks were due that this round left waiting (no room, or no budget)
+
+
+def admission_round(
+    session: Session,
+    *,
+    limits: Limits,
+    capacity: int,
+    window: int,
+    fair: bool,
+    rotation: Rotation,
+) -> Round:
+    """One round: count what is admitted, read what is due, choose, admit (not committed)."""
+    use = in_use(session, limits)
+    budget = min(capacity - use.total, window - use.in_queue)
+    if budget <= 0:
+        return Round([], waiting=True)
+    per_tenant = min(budget, PER_TENANT) if fair else budget
+    found = candidates(session, per_tenant=per_tenant, fair=fair)
+    picked = choose(found, limits=limits, use=use, budget=budget, fair=fair, rotation=rotation)
+    admitted = admit(session, picked)
+    return Round(admitted, waiting=len(found) > len(admitted))
+
+
+def backlog_by_tenant(session: Session) -> dict[str, tuple[int, int]]:
+    """Per tenant name: tasks waiting in the backlog (due or not), and queued tasks."""
+    rows = session.execute(
+        select(
+            Tenant.name,
+            func.count(),
+            func.sum(case((Task.status == TaskStatus.QUEUED, 1), else_=0)),
+        )
+        .join(Tenant, Tenant.id == Task.tenant_id)
+        .where(Task.admitted_ms.is_(None), runnable())
+        .group_by(Tenant.name)
+    ).all()
+    return {name: (int(count), int(queued or 0)) for name, count, queued in rows}

@@ -1,0 +1,42 @@
+"""Queue caps: a tenant may have at most ``max_queued`` tasks queued (submitted, not yet
+started). Past it, a submission is refused (429 with Retry-After) and creates nothing.
+
+The count and the insert are in one transaction, serialized per tenant (on PostgreSQL by a
+transaction-scoped advisory lock on the tenant; SQLite serializes writers anyway), so
+concurrent submissions never take a tenant past its cap. Without a cap, nothing is counted.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from shared.errors import QueueFull
+from shared.scheduling import limits
+from shared.store.tables import Task, TaskStatus
+
+RETRY_AFTER_SECONDS = 5
+QUEUE_LOCK_NAMESPACE = 0x5251  # "RQ": the advisory locks of tenants' queues
+
+
+def check(session: Session, tenant_id: str, tenant_name: str) -> None:
+    """In the submission's transaction, before its insert: QueueFull past the cap."""
+    cap = limits.cached(session).tenant(tenant_name).max_queued
+    if cap is None:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))"),
+            {"ns": QUEUE_LOCK_NAMESPACE, "tenant": tenant_id},
+        )
+    queued = session.scalar(
+        select(func.count())
+        .select_from(Task)
+        .where(Task.tenant_id == tenant_id, Task.status == TaskStatus.QUEUED)
+    )
+    if (queued or 0) >= cap:
+        raise QueueFull(
+            f"tenant {tenant_name!r} has {queued} tasks queued, its most (max_queued {cap}); "
+            f"retry once some have started",
+            retry_after_s=RETRY_AFTER_SECONDS,
+        )

@@ -1,0 +1,181 @@
+"""The dispatcher: admits waiting tasks from the backlog into the Celery queue, and fires the
+schedules (``shared.scheduling``).
+
+Every worker runs a dispatcher thread; one leads the fleet at a time (``shared.scheduling
+.lead``: a lease on a row, renewed while the leader lives, for
+``RATCHET_SWEEP_INTERVAL_SECONDS``). When the leader dies, even by ``kill -9``, its lease runs
+out and another worker takes the lead at its next try: admission resumes within the sweep
+interval. Each round takes a transaction-scoped lock, so two rounds never overlap even in the
+moment a frozen leader wakes up. Embedded (one process), the dispatcher always leads.
+
+The leader runs a round whenever it is woken (a submission, a retry, a decision) and every
+``RATCHET_DISPATCH_INTERVAL_SECONDS`` while work waits (slots free up as steps end, backoffs
+and ``run_at`` times come due); otherwise a few times a second. It uses the process's pool
+of database connections, a statement at a time: leading holds no connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+from sqlalchemy import update
+
+from shared.ops import fleet
+from shared.ops.fleet import FleetUnavailable
+from shared.queue import enqueue_deliveries, enqueue_step
+from shared.scheduling import admission, lead, limits, schedules
+from shared.scheduling.wake import Waiter
+from shared.settings import get_settings
+from shared.store.db import transaction
+from shared.store.tables import Schedule
+
+log = logging.getLogger("ratchet.dispatch")
+LEAD = "dispatch"
+IDLE_SECONDS = 0.25  # how often the leader looks with nothing waiting (run_at, schedules)
+CAPACITY_CACHE_SECONDS = 1.0
+
+
+class Dispatcher:
+    """One process's dispatcher: leads (and admits) or waits to lead."""
+
+    def __init__(self) -> None:
+        self.settings = get_settings()
+        self.owner = f"{socket.gethostname()}/{os.getpid()}/{id(self):x}"
+        self.rotation = admission.Rotation()
+        self.ttl_ms = int(self.settings.sweep_interval_seconds * 1000)
+        self._renewed = 0.0  # when this process last renewed its lead (monotonic)
+        self._capacity: tuple[float, int] | None = None
+        self.admitted = 0  # tasks this process admitted (for the logs)
+        self.fired = 0
+
+    def lead(self) -> bool:
+        """Whether this process leads now: renews its lead a third of the way through, or
+        takes the lead if it ran out."""
+        now = time.monotonic()
+        if now - self._renewed < self.ttl_ms / 3000:
+            return True
+        with transaction() as session:
+            held = lead.claim(session, LEAD, self.owner, ttl_ms=self.ttl_ms)
+        if held and not self._renewed:
+            log.info("this process leads the dispatch")
+        self._renewed = now if held else 0.0
+        return held
+
+    def resign(self) -> None:
+        """Give the lead up (if held), so that another process takes it at once."""
+        if self._renewed:
+            self._renewed = 0.0
+            try:
+                with transaction() as session:
+                    lead.release(session, LEAD, self.owner)
+            except Exception:
+                log.debug("could not give the lead up; it runs out", exc_info=True)
+
+    # --- one round ------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        """The fleet's slots: the setting, else the live workers' threads (read once a second);
+        never less than the window, so that a fleet starting up finds work waiting."""
+        if self.settings.dispatch_capacity is not None:
+            return self.settings.dispatch_capacity
+        now = time.monotonic()
+        if self._capacity is not None and now - self._capacity[0] < CAPACITY_CACHE_SECONDS:
+            return self._capacity[1]
+        try:
+            threads = sum(w.threads for w in fleet.live_workers())
+        except FleetUnavailable:
+            threads = 0
+        value = max(threads, self.settings.dispatch_window)
+        self._capacity = (now, value)
+        return value
+
+    def round(self) -> admission.Round:
+        """Fire due schedules, then admit what has room; send the messages once committed."""
+        self.fire_schedules()
+        with transaction() as session:
+            lead.lock_round(session)
+            found = admission.admission_round(
+                session,
+                limits=limits.cached(session),
+                capacity=self.capacity(),
+                window=self.settings.dispatch_window,
+                fair=self.settings.fair_scheduling,
+                rotation=self.rotation,
+            )
+        for task_id, step in found.admitted:
+            try:
+                enqueue_step(task_id, step)
+            except Exception:
+                # Admitted with no message: the sweeper sends it one after its grace.
+                log.exception("could not send %s; the sweeper will", task_id)
+        self.admitted += len(found.admitted)
+        return found
+
+    def fire_schedules(self) -> None:
+        grace_ms = int(self.settings.schedule_misfire_grace_seconds * 1000)
+        with transaction() as session:
+            due = schedules.due(session)
+        for schedule_id in due:
+            deliveries: list[str] = []
+            try:
+                with transaction() as session:
+                    fired = schedules.fire(
+                        session, schedule_id, grace_ms=grace_ms, deliveries=deliveries
+                    )
+            except Exception as exc:
+                log.exception("schedule %s did not fire", schedule_id)
+                self._record_error(schedule_id, exc)
+                continue
+            if fired is not None and fired.task_id is not None:
+                self.fired += 1
+                log.info("schedule %s fired task %s", schedule_id, fired.task_id)
+            enqueue_deliveries(deliveries)
+
+    def _record_error(self, schedule_id: str, exc: Exception) -> None:
+        try:
+            with transaction() as session:
+                session.execute(
+                    update(Schedule)
+                    .where(Schedule.id == schedule_id)
+                    .values(last_error=f"{type(exc).__name__}: {exc}"[:2000])
+                )
+        except Exception:
+            log.debug("could not record the schedule's error", exc_info=True)
+
+    # --- the thread -----------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        waiter = Waiter()
+        interval = self.settings.dispatch_interval_seconds
+        takeover = min(1.0, self.ttl_ms / 3000)
+        try:
+            while not stop.is_set():
+                try:
+                    if not self.lead():
+                        stop.wait(takeover)
+                        continue
+                    found = self.round()
+                except Exception:
+                    log.exception("dispatch failed; trying again")
+                    self._renewed = 0.0
+                    stop.wait(takeover)
+                    continue
+                if found.admitted:
+                    continue  # more may fit: look again at once
+                waiter.wait(interval if found.waiting else IDLE_SECONDS)
+        finally:
+            self.resign()
+            waiter.close()
+
+
+def start() -> threading.Event:
+    """Start this process's dispatcher thread; set the returned event to stop it."""
+    stop = threading.Event()
+    threading.Thread(
+        target=Dispatcher().run, args=(stop,), name="ratchet-dispatcher", daemon=True
+    ).start()
+    return stop
