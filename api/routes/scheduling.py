@@ -46,7 +46,7 @@ class LimitOut(BaseModel):
 class Usage(BaseModel):
     running: int = Field(description="admitted now: running, or its message on the way")
     waiting: int = Field(0, description="in the backlog (tenants only)")
-    queued: int = Field(0, description="not started yet (tenants only)")
+    queued: int = Field(0, description="of those waiting, how many never started (tenants only)")
 
 
 class ConcurrencyView(BaseModel):

@@ -164,8 +164,8 @@ def fire(
         tick = latest
     task_id = None
     if not missed or schedule.catch_up == "run_once":
-        task_id = _submit(session, schedule, tick, deliveries)
-        schedule.fired += 1
+        task_id, created = _submit(session, schedule, tick, deliveries)
+        schedule.fired += 1 if created else 0
         schedule.last_fired_ms, schedule.last_task_id = tick, task_id
     else:
         schedule.skipped += 1
@@ -187,13 +187,16 @@ def fire(
     return Fired(schedule.id, tick, task_id)
 
 
-def _submit(session: Session, schedule: Schedule, tick_ms: int, deliveries: list[str]) -> str:
+def _submit(
+    session: Session, schedule: Schedule, tick_ms: int, deliveries: list[str]
+) -> tuple[str, bool]:
+    """The tick's task (created, or found: the tick fired before), and whether it is new."""
     spec = tasks.NewTask(**{**schedule.body["spec"], "schedule_id": schedule.id})
     key = f"schedule:{schedule.id}:{tick_ms}"
     existing = tasks.find_by_idempotency_key(session, schedule.tenant_id, key)
     if existing is not None:
-        return existing.id
+        return existing.id, False
     task = tasks.create_task(
         session, schedule.tenant_id, spec, idempotency_key=key, deliveries=deliveries
     )
-    return task.id
+    return task.id, True
