@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ratchet import cli_admin, cli_client, cli_webhooks
+from ratchet import cli_admin, cli_client, cli_schedules, cli_webhooks
 from ratchet.console import err
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ app.add_typer(cli_admin.tenants, name="tenants")
 app.add_typer(cli_admin.keys, name="keys")
 app.add_typer(cli_client.tasks, name="tasks")
 app.add_typer(cli_webhooks.webhooks, name="webhooks")
+app.add_typer(cli_schedules.schedules, name="schedules")
 
 
 def _bench() -> typer.Typer:

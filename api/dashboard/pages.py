@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse, Response
 from api.dashboard.auth import PATH, CurrentLogin, OperatorLogin
 from api.dashboard.render import page
 from api.routes.admin import view as rate_limit_view
+from api.routes.scheduling import ConcurrencyView, read_concurrency
 from shared.ops import fleet, overview
 from shared.ops.sessions import Login
 from shared.ratelimit.limits import configured_buckets, tenant_buckets
@@ -65,7 +66,13 @@ async def overview_page(
 @router.get("/ratelimits", response_class=HTMLResponse)
 async def rate_limits_page(request: Request, login: CurrentLogin) -> Response:
     limits = await run_in_threadpool(rate_limits, login)
-    return page(request, "ratelimits.html", login, limits=limits)
+    concurrency = await run_in_threadpool(_concurrency) if login.operator else None
+    return page(request, "ratelimits.html", login, limits=limits, concurrency=concurrency)
+
+
+def _concurrency() -> ConcurrencyView:
+    with get_sessionmaker()() as session:
+        return read_concurrency(session)
 
 
 def fleet_summary() -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
 
 from api import submission
 from api.deps import Operator, Reader, SessionDep, Writer
@@ -78,6 +79,11 @@ def _limit_out(kind: str, name: str, spec: Any, row: ConcurrencyLimit | None) ->
 def concurrency_view(_: Operator, session: SessionDep) -> ConcurrencyView:
     """Every limit (from the configuration, or set at runtime), and what each tenant, agent
     and pool holds now; tenants also with their backlog."""
+    return read_concurrency(session)
+
+
+def read_concurrency(session: Session) -> ConcurrencyView:
+    """The operator's view of the limits and their use (the API's and the dashboard's)."""
     with session.begin():
         in_force = limits.in_force(session)
         rows = {(r.kind, r.name): r for r in session.query(ConcurrencyLimit).all()}

@@ -309,3 +309,21 @@ def test_a_paused_schedule_does_not_fire_and_bad_ones_are_refused(
         response = client.post("/v1/schedules", json=schedule_body(**extra), headers=tenant.headers)
         assert response.status_code == 422, response.text
         assert response.json()["errors"][0]["field"] == field
+
+
+def test_the_dashboard_shows_an_operator_the_limits_and_their_use(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    from tests.integration.test_dashboard import login
+
+    operator, busy = make_tenant(("operator",)), make_tenant()
+    for _ in range(2):
+        submit(client, busy)
+    with settings(concurrency={"tenants": {busy.name: {"max_running": 1}}}):
+        assert admit() == 1
+        login(client, operator.key)
+        page = client.get("/dashboard/ratelimits")
+    assert page.status_code == 200
+    assert "Concurrency limits" in page.text
+    assert busy.name in page.text
+    assert "1 / 1" in page.text  # its one slot, in use
