@@ -12,6 +12,7 @@ from ratchet.bench import (
     checkpoint,
     dashboard,
     delivery,
+    fairness,
     history,
     limiter,
     submissions,
@@ -38,5 +39,6 @@ app.command("api")(submissions.api)
 app.command("history")(history.history)
 app.command("throughput")(throughput.throughput)
 app.command("dashboard")(dashboard.dashboard)
+app.command("fairness")(fairness.fairness)
 
 __all__ = ["app"]
