@@ -110,9 +110,9 @@ class Settings(BaseSettings):
     # the fleet's slots (empty: the live workers' threads); how often the dispatcher looks
     # again while a backlog waits; how late a schedule's tick may fire before it is missed.
     fair_scheduling: bool = True
-    dispatch_window: int = Field(64, ge=1, le=100_000)
+    dispatch_window: int = Field(256, ge=1, le=100_000)
     dispatch_capacity: int | None = Field(None, ge=1)
-    dispatch_interval_seconds: float = Field(0.05, gt=0, le=10)
+    dispatch_interval_seconds: float = Field(0.1, gt=0, le=10)
     schedule_misfire_grace_seconds: float = Field(60.0, ge=0)
     rate_limit_inline_wait_ms: int = Field(250, ge=0)
     # AIMD: each provider 429 halves the model's configured rates (not below a tenth), and

@@ -34,7 +34,7 @@ from shared.store.db import transaction
 from shared.store.tables import Schedule
 
 log = logging.getLogger("ratchet.dispatch")
-LEAD = "dispatch"
+LEAD = "dispatch"  # one leader per queue name (a fleet): ``dispatch:<queue>``
 IDLE_SECONDS = 0.25  # how often the leader looks with nothing waiting (run_at, schedules)
 CAPACITY_CACHE_SECONDS = 1.0
 
@@ -45,6 +45,7 @@ class Dispatcher:
     def __init__(self) -> None:
         self.settings = get_settings()
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{id(self):x}"
+        self.lead_name = f"{LEAD}:{self.settings.queue_name}"
         self.rotation = admission.Rotation()
         self.ttl_ms = int(self.settings.sweep_interval_seconds * 1000)
         self._renewed = 0.0  # when this process last renewed its lead (monotonic)
@@ -59,7 +60,7 @@ class Dispatcher:
         if now - self._renewed < self.ttl_ms / 3000:
             return True
         with transaction() as session:
-            held = lead.claim(session, LEAD, self.owner, ttl_ms=self.ttl_ms)
+            held = lead.claim(session, self.lead_name, self.owner, ttl_ms=self.ttl_ms)
         if held and not self._renewed:
             log.info("this process leads the dispatch")
         self._renewed = now if held else 0.0
@@ -71,7 +72,7 @@ class Dispatcher:
             self._renewed = 0.0
             try:
                 with transaction() as session:
-                    lead.release(session, LEAD, self.owner)
+                    lead.release(session, self.lead_name, self.owner)
             except Exception:
                 log.debug("could not give the lead up; it runs out", exc_info=True)
 

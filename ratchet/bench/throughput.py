@@ -89,6 +89,10 @@ class System(Protocol):
 
     def load(self, steps: int, *, count: int) -> None: ...
 
+    def release(self) -> None:
+        """Let the loaded work run (the worker is resumed next)."""
+        ...
+
     def done(self) -> bool: ...
 
     def outcome(self) -> dict[str, Any]:
@@ -124,10 +128,12 @@ class Ratchet:
     submit_per_s: float = 0.0
 
     def load(self, steps: int, *, count: int) -> None:
+        # Not due for an hour: the dispatcher keeps them in the backlog until release().
         body: dict[str, Any] = {
             "input": "benchmark",
             "model": "scripted",
             "model_options": {"script": SCRIPTS[steps]},
+            "delay_seconds": 3600,
         }
         if steps > 1:
             body["tools"] = ["calculator"]
@@ -138,6 +144,20 @@ class Ratchet:
             batches = pool.map(partial(_post_many, url=self.url, key=self.key, body=body), shares)
             self.ids = [task_id for batch in batches for task_id in batch]
         self.submit_per_s = count / (time.perf_counter() - started)
+
+    def release(self) -> None:
+        """Make the backlog due now and wake the dispatcher: what follows is admission and
+        execution, as for any submission (the paused worker would not hold the backlog:
+        admission does not go through its consumer)."""
+        from sqlalchemy import update
+
+        from shared.scheduling.wake import wake
+        from shared.store.db import now_ms, transaction
+        from shared.store.tables import Task
+
+        with transaction() as session:
+            session.execute(update(Task).where(Task.id.in_(self.ids)).values(due_ms=now_ms()))
+        wake()
 
     def done(self) -> bool:
         from sqlalchemy import func, select
@@ -206,6 +226,9 @@ class Chain:
             send_hop(str(number), steps - 1, queue=self.worker.queue)
         self.count = count
 
+    def release(self) -> None:
+        pass  # the paused worker holds the messages
+
     def done(self) -> bool:
         from ratchet.bench.servers.chain import done_key
 
@@ -253,6 +276,7 @@ def measure(system: System, steps: int, *, count: int, timeout: float) -> dict[s
     system.load(steps, count=count)
     cpu, machine = system.worker.cpu_seconds(), machine_busy_seconds()
     started = time.time()
+    system.release()
     system.worker.resume()
     what = f"{count} tasks of {steps} steps did not finish"
     wait_until(system.done, what=what, child=system.worker.child, seconds=timeout)

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from shared.store.db import transaction
 from shared.store.tables import Leader, Task, TaskEvent
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import StackFactory
+from tests.e2e.conftest import Stack, StackFactory
 from tests.e2e.util import wait_all
 from tests.fakes.openai_server import OpenAIServer, Received, Reply, answer
 from tests.helpers import TERMINAL, scripted_task
@@ -135,9 +135,9 @@ def test_concurrency_limits_hold_at_the_model_server_and_free_slots_serve_others
     assert counter.most_total > 3  # the other slots served the other tenants meanwhile
 
 
-def leader_pid() -> int | None:
+def leader_pid(fleet: Stack) -> int | None:
     with transaction() as session:
-        row = session.get(Leader, "dispatch")
+        row = session.get(Leader, f"dispatch:{fleet.env['RATCHET_QUEUE_NAME']}")
         if row is None or row.expires_ms < time.time() * 1000:
             return None
         return int(row.owner.split("/")[1])
@@ -154,13 +154,13 @@ def test_killing_the_dispatcher_mid_backlog_loses_nothing_and_admits_nothing_twi
     http = fleet.client()
     ids = submit_many(http, tenant, [scripted_task([{"content": "done", "delay_ms": 20}])] * 300)
     deadline = time.monotonic() + 30
-    while (pid := leader_pid()) is None and time.monotonic() < deadline:
+    while (pid := leader_pid(fleet)) is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pid is not None
     (index,) = [i for i, p in enumerate(fleet.worker_procs) if p.pid == pid]
     fleet.kill_worker(index)
     killed_at = time.monotonic()
-    while leader_pid() in (None, pid):
+    while leader_pid(fleet) in (None, pid):
         assert time.monotonic() - killed_at < 15, "no other worker took the dispatch over"
         time.sleep(0.05)
     done = wait_all(http, tenant.headers, ids, timeout=180)
@@ -190,7 +190,7 @@ def test_a_schedule_fires_once_per_tick_through_a_kill(
     schedule_id = response.json()["id"]
     start_ms = int(time.time() * 1000)
     time.sleep(15)
-    pid = leader_pid()
+    pid = leader_pid(fleet)
     assert pid is not None
     (index,) = [i for i, p in enumerate(fleet.worker_procs) if p.pid == pid]
     fleet.kill_worker(index)
