@@ -53,6 +53,12 @@ def run_ratchet(
             {"RATCHET_RATE_LIMITS": '{"tenants": {"*": {"requests": -5}}}'},
             "RATCHET_RATE_LIMITS",
         ),
+        (
+            ["worker"],
+            {"RATCHET_CONCURRENCY": '{"pools": {"p": {"models": ["openai:*"]}}}'},
+            "RATCHET_CONCURRENCY",
+        ),
+        (["api"], {"RATCHET_CONCURRENCY_FILE": "missing.toml"}, "RATCHET_CONCURRENCY_FILE"),
         (["dev", "--port", "0"], {"RATCHET_REDIS_URL": "127.0.0.1:6379"}, "RATCHET_REDIS_URL"),
         (["api"], {"RATCHET_DATABASE_URL": "localhost:5432/ratchet"}, "RATCHET_DATABASE_URL"),
         (["dev"], {"RATCHET_DATABASE_URL": "postgresql://u@h:port/db"}, "RATCHET_DATABASE_URL"),
