@@ -27,7 +27,6 @@ from api.routes import (
     health,
     keys,
     overview,
-    scheduling,
     tasks,
     webhook_endpoints,
     webhooks,
@@ -154,7 +153,6 @@ def create_app() -> FastAPI:
         webhook_endpoints,
         fleet,
         overview,
-        scheduling,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     return app

@@ -17,7 +17,7 @@ NameArgument = Annotated[str, typer.Argument(help="the schedule's name")]
 
 
 def _show(schedule: object) -> dict[str, object]:
-    from api.routes.scheduling import schedule_out
+    from api.routes.admin import schedule_out
     from shared.store.tables import Schedule
 
     assert isinstance(schedule, Schedule)

@@ -165,9 +165,11 @@ class Dispatcher:
                     self._renewed = 0.0
                     stop.wait(takeover)
                     continue
-                if found.admitted:
-                    continue  # more may fit: look again at once
-                waiter.wait(interval if found.waiting else IDLE_SECONDS)
+                if found.more:
+                    continue  # a tenant had more than a round reads, and there is room
+                # Otherwise wait: for slots to free up (or due times to come) while work
+                # waits, else for a wake-up. Many small rounds would cost more than they win.
+                waiter.wait(interval if found.waiting or found.admitted else IDLE_SECONDS)
         finally:
             self.resign()
             waiter.close()

@@ -11,8 +11,8 @@ from fastapi.responses import HTMLResponse, Response
 
 from api.dashboard.auth import PATH, CurrentLogin, OperatorLogin
 from api.dashboard.render import page
+from api.routes.admin import ConcurrencyView, read_concurrency
 from api.routes.admin import view as rate_limit_view
-from api.routes.scheduling import ConcurrencyView, read_concurrency
 from shared.ops import fleet, overview
 from shared.ops.sessions import Login
 from shared.ratelimit.limits import configured_buckets, tenant_buckets

@@ -221,6 +221,7 @@ def admit(session: Session, picked: Sequence[Candidate]) -> list[tuple[str, int]
 class Round:
     admitted: list[tuple[str, int]]
     waiting: bool  # tasks were due that this round left waiting (no room, or no budget)
+    more: bool = False  # budget is left and a tenant had more than this round read of it
 
 
 def admission_round(
@@ -241,7 +242,10 @@ def admission_round(
     found = candidates(session, per_tenant=per_tenant, fair=fair)
     picked = choose(found, limits=limits, use=use, budget=budget, fair=fair, rotation=rotation)
     admitted = admit(session, picked)
-    return Round(admitted, waiting=len(found) > len(admitted))
+    read = Counter(c.tenant_id for c in found)
+    capped = any(n >= per_tenant for n in read.values())
+    more = capped and len(admitted) < budget and len(picked) == len(found)
+    return Round(admitted, waiting=len(found) > len(admitted), more=more)
 
 
 def backlog_by_tenant(session: Session) -> dict[str, tuple[int, int]]:
