@@ -82,7 +82,7 @@ def enqueue_deliveries(delivery_ids: list[str], *, delay_s: float = 0) -> None:
         )
 
 
-def enqueue_step(task_id: str, step: int, *, delay_ms: int = 0) -> None:
+def enqueue_step(task_id: str, step: int, *, delay_ms: int = 0, producer: Any = None) -> None:
     """Ask a worker to advance ``task_id`` at ``step``, now or after ``delay_ms``."""
     countdown = delay_ms / 1000 if delay_ms > 0 else None
     get_celery().send_task(
@@ -91,7 +91,24 @@ def enqueue_step(task_id: str, step: int, *, delay_ms: int = 0) -> None:
         queue=get_settings().queue_name,
         countdown=countdown,
         headers=_sent_now(),
+        producer=producer,
     )
+
+
+def enqueue_steps(steps: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Send a message for each (task, step) over one broker connection; those that could not
+    be sent (logged), which the sweeper sends later."""
+    unsent: list[tuple[str, int]] = []
+    if not steps:
+        return unsent
+    with get_celery().producer_or_acquire() as producer:
+        for task_id, step in steps:
+            try:
+                enqueue_step(task_id, step, producer=producer)
+            except Exception:
+                log.exception("could not send %s's step %d; the sweeper will", task_id, step)
+                unsent.append((task_id, step))
+    return unsent
 
 
 def _sent_now() -> dict[str, Any]:

@@ -26,7 +26,7 @@ from sqlalchemy import update
 
 from shared.ops import fleet
 from shared.ops.fleet import FleetUnavailable
-from shared.queue import enqueue_deliveries, enqueue_step
+from shared.queue import enqueue_deliveries, enqueue_steps
 from shared.scheduling import admission, lead, limits, schedules
 from shared.scheduling.wake import Waiter
 from shared.settings import get_settings
@@ -107,12 +107,8 @@ class Dispatcher:
                 fair=self.settings.fair_scheduling,
                 rotation=self.rotation,
             )
-        for task_id, step in found.admitted:
-            try:
-                enqueue_step(task_id, step)
-            except Exception:
-                # Admitted with no message: the sweeper sends it one after its grace.
-                log.exception("could not send %s; the sweeper will", task_id)
+        # One not sent is admitted with no message: the sweeper sends it one after its grace.
+        enqueue_steps(found.admitted)
         self.admitted += len(found.admitted)
         return found
 

@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from shared.scheduling.limits import Limits
 from shared.store.db import now_ms
-from shared.store.tables import Task, TaskStatus, Tenant
+from shared.store.tables import Task, TaskStatus, Tenant, runnable
 
 PER_TENANT = 32  # candidates read per tenant and round: at most this many admitted each
 
@@ -69,10 +69,6 @@ class Use:
         self.agents[agent] += n
         for pool in limits.pools_of(tenant=tenant, agent=agent, model=model):
             self.pools[pool] += n
-
-
-def runnable() -> Any:
-    return Task.status.in_(TaskStatus.RUNNABLE)
 
 
 def in_use(session: Session, limits: Limits) -> Use:

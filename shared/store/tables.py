@@ -18,10 +18,12 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    bindparam,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.elements import ColumnElement
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
@@ -170,6 +172,15 @@ class Task(Base):
 
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
+
+
+def runnable() -> ColumnElement[bool]:
+    """``tasks.status IN ('queued', 'running')`` with the values written into the SQL, not
+    bound: sessions plan generically, and a generic plan can use a partial index only when
+    the query names its predicate's values (``ix_tasks_backlog``, ``ix_tasks_admitted``);
+    with bound values the backlog's queries read every runnable task instead."""
+    statuses = list(TaskStatus.RUNNABLE)
+    return Task.status.in_(bindparam("runnable", statuses, expanding=True, literal_execute=True))
 
 
 class Step(Base):

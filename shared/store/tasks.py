@@ -17,7 +17,7 @@ from shared.observability import metrics
 from shared.store import outbox
 from shared.store.db import now_ms
 from shared.store.events import insert_events
-from shared.store.tables import Task, TaskStatus, utcnow
+from shared.store.tables import Task, TaskStatus, runnable, utcnow
 from shared.store.writes import CANCELLED_ERROR, terminal_values
 from shared.views import task_document
 
@@ -215,7 +215,7 @@ def _overdue(
     task due since ``sent_before_ms`` (when the oldest message still waiting in the queue was
     sent, see the sweeper) is only behind a backlog: its message is still to come."""
     overdue = (
-        Task.status.in_(TaskStatus.RUNNABLE)
+        runnable()
         & Task.admitted_ms.is_not(None)  # the backlog's tasks have no message: not lost
         & (Task.due_ms < clock - grace_ms)
         & (Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms < clock))

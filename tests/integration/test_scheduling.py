@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy.orm import Session
 
-from shared.scheduling import limits
-from shared.store.db import transaction
+from shared.scheduling import admission, limits
+from shared.store.db import get_engine, transaction
 from shared.store.tables import Schedule, Task
 from tests.conftest import TenantHandle, environment
 from tests.helpers import admit, scripted_task
@@ -193,6 +195,38 @@ def test_a_step_waiting_for_a_rate_limit_gives_its_slot_back(
             assert row.due_ms is not None
         assert admitted(tenant) == set()
         assert admit() == 0  # not due yet
+
+
+def index_scans(conn: Connection) -> Counter[str]:
+    """Scans of each of the tasks table's indexes so far (this connection's own included)."""
+    conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+    rows = conn.execute(
+        text("SELECT indexrelname, idx_scan FROM pg_stat_user_indexes WHERE relname = 'tasks'")
+    )
+    return Counter({name: int(scans) for name, scans in rows})
+
+
+def test_the_backlogs_reads_use_its_partial_indexes_under_generic_plans(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    """Sessions plan generically; with the statuses bound, not written in the SQL, a generic
+    plan cannot use the partial indexes, and each round would read every runnable task."""
+    submit(client, tenant)
+    with get_engine().connect() as conn:
+        session = Session(bind=conn)
+        before = index_scans(conn)
+        conn.commit()
+        for _ in range(8):  # past the driver's prepare threshold: a prepared, generic plan
+            admission.in_use(session, limits.cached(session))
+            admission.candidates(session, per_tenant=8, fair=True)
+            conn.commit()
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        conn.commit()
+        used = index_scans(conn) - before
+        conn.commit()
+    assert used["ix_tasks_admitted"] >= 8, used
+    assert used["ix_tasks_backlog"] >= 8, used
+    assert used["ix_tasks_status_due"] == 0, used
 
 
 def test_an_operator_sets_limits_at_runtime_and_sees_their_use(
