@@ -50,6 +50,7 @@ class Dispatcher:
         self.ttl_ms = int(self.settings.sweep_interval_seconds * 1000)
         self._renewed = 0.0  # when this process last renewed its lead (monotonic)
         self._capacity: tuple[float, int] | None = None
+        self._schedules_checked = -IDLE_SECONDS  # when due schedules were last looked for
         self.admitted = 0  # tasks this process admitted (for the logs)
         self.fired = 0
 
@@ -94,9 +95,24 @@ class Dispatcher:
         self._capacity = (now, value)
         return value
 
+    def broker_full(self) -> bool:
+        """Whether the broker still holds half the window or more: then workers have plenty
+        to take, and a round now would admit a handful at a round's cost. Waiting for the
+        queue to drain makes rounds fewer and larger; a tenant's new task still waits for at
+        most about one window's worth of work ahead of it."""
+        try:
+            depth = fleet.get_fleet().depth(self.settings.queue_name)
+        except FleetUnavailable:
+            return False
+        return depth is not None and depth >= max(1, self.settings.dispatch_window // 2)
+
     def round(self) -> admission.Round:
-        """Fire due schedules, then admit what has room; send the messages once committed."""
-        self.fire_schedules()
+        """Fire due schedules (a few times a second), then admit what has room; send the
+        messages once committed."""
+        now = time.monotonic()
+        if now - self._schedules_checked >= IDLE_SECONDS:
+            self._schedules_checked = now
+            self.fire_schedules()
         with transaction() as session:
             lead.lock_round(session)
             found = admission.admission_round(
@@ -154,6 +170,9 @@ class Dispatcher:
                 try:
                     if not self.lead():
                         stop.wait(takeover)
+                        continue
+                    if self.broker_full():
+                        waiter.wait(interval)
                         continue
                     found = self.round()
                 except Exception:

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Connection, func, select, text, update
 from sqlalchemy.orm import Session
 
+from shared.ops.fleet import get_fleet
 from shared.scheduling import admission, limits
 from shared.store.db import get_engine, transaction
 from shared.store.tables import Schedule, Task
@@ -195,6 +196,26 @@ def test_a_step_waiting_for_a_rate_limit_gives_its_slot_back(
             assert row.due_ms is not None
         assert admitted(tenant) == set()
         assert admit() == 0  # not due yet
+
+
+def test_the_dispatcher_waits_while_the_broker_holds_half_its_window(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    """Rounds are fewer and larger: none while workers have half a window still to take."""
+    from workers.dispatcher import Dispatcher
+
+    for _ in range(3):
+        submit(client, tenant)
+    with settings(dispatch_window=4, queue_name=f"ratchet-test-halfwindow-{time.time_ns()}"):
+        dispatcher = Dispatcher()
+        try:
+            assert not dispatcher.broker_full()
+            assert admit() == 3  # the window has room for 4; the broker then holds 3
+            assert dispatcher.broker_full()
+            get_fleet().broker.delete(dispatcher.settings.queue_name)  # type: ignore[attr-defined]
+            assert not dispatcher.broker_full()
+        finally:
+            get_fleet().broker.delete(dispatcher.settings.queue_name)  # type: ignore[attr-defined]
 
 
 def index_scans(conn: Connection) -> Counter[str]:
