@@ -11,7 +11,7 @@ import os
 import time
 import uuid
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
@@ -117,38 +117,59 @@ def _post_many(count: int, *, url: str, key: str, body: dict[str, Any]) -> list[
     return ids
 
 
+def _body(steps: int, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "input": "benchmark",
+        "model": "scripted",
+        "model_options": {"script": SCRIPTS[steps]},
+        **extra,
+    }
+    if steps > 1:
+        body["tools"] = ["calculator"]
+    return body
+
+
 @dataclass
 class Ratchet:
-    """Ratchet's API and one worker; tasks go in over HTTP, completion is read from Postgres."""
+    """Ratchet's API and one worker; tasks go in over HTTP, completion is read from Postgres.
+
+    Loaded (the default), the tasks are submitted first, not due for an hour, and made due
+    at release: the span is their admission and execution. Live (``--live``), nothing is
+    loaded and release submits them while the worker runs: the span is the whole way, from
+    the first submission to the last task's end, the API sharing the cores."""
 
     worker: Worker
     url: str
     key: str
+    live: bool = False
     ids: list[str] = field(default_factory=list)
     submit_per_s: float = 0.0
+    _steps: int = 1
+    _count: int = 0
+    _submitting: Future[None] | None = None
 
     def load(self, steps: int, *, count: int) -> None:
-        # Not due for an hour: the dispatcher keeps them in the backlog until release().
-        body: dict[str, Any] = {
-            "input": "benchmark",
-            "model": "scripted",
-            "model_options": {"script": SCRIPTS[steps]},
-            "delay_seconds": 3600,
-        }
-        if steps > 1:
-            body["tools"] = ["calculator"]
-        each, extra = divmod(count, SUBMITTERS)
+        self._steps, self._count, self.ids = steps, count, []
+        if not self.live:
+            # Not due for an hour: the dispatcher keeps them in the backlog until release().
+            self._submit(_body(steps, delay_seconds=3600))
+
+    def _submit(self, body: dict[str, Any]) -> None:
+        each, extra = divmod(self._count, SUBMITTERS)
         shares = [each + (i < extra) for i in range(SUBMITTERS)]
         started = time.perf_counter()
         with ThreadPoolExecutor(SUBMITTERS) as pool:
             batches = pool.map(partial(_post_many, url=self.url, key=self.key, body=body), shares)
             self.ids = [task_id for batch in batches for task_id in batch]
-        self.submit_per_s = count / (time.perf_counter() - started)
+        self.submit_per_s = self._count / (time.perf_counter() - started)
 
     def release(self) -> None:
-        """Make the backlog due now and wake the dispatcher: what follows is admission and
-        execution, as for any submission (the paused worker would not hold the backlog:
-        admission does not go through its consumer)."""
+        """Loaded: make the backlog due now and wake the dispatcher (what follows is admission
+        and execution, as for any submission; the paused worker would not hold the backlog,
+        admission does not go through its consumer). Live: start submitting."""
+        if self.live:
+            self._submitting = ThreadPoolExecutor(1).submit(self._submit, _body(self._steps))
+            return
         from sqlalchemy import update
 
         from shared.scheduling.wake import wake
@@ -165,6 +186,10 @@ class Ratchet:
         from shared.store.db import transaction
         from shared.store.tables import Task, TaskStatus
 
+        if self._submitting is not None:
+            if not self._submitting.done():
+                return False
+            self._submitting.result()  # a failed submission fails the run
         terminal = Task.id.in_(self.ids) & Task.status.in_(TaskStatus.TERMINAL)
         with transaction() as session:
             return session.scalar(select(func.count()).where(terminal)) == len(self.ids)
@@ -189,7 +214,9 @@ class Ratchet:
         }
 
 
-def start_ratchet(stack: ExitStack, run: str, *, key: str, processes: int) -> Ratchet:
+def start_ratchet(
+    stack: ExitStack, run: str, *, key: str, processes: int, live: bool = False
+) -> Ratchet:
     """``ratchet api`` and ``ratchet worker`` on a queue of this run's own, the worker paused."""
     from shared.queue import get_celery
 
@@ -205,7 +232,7 @@ def start_ratchet(stack: ExitStack, run: str, *, key: str, processes: int) -> Ra
     wait_ok(f"{url}/readyz", api)
     worker = Worker(get_celery(), hostname, env["RATCHET_QUEUE_NAME"], child)
     worker.wait_ready()
-    return Ratchet(worker, url, key)
+    return Ratchet(worker, url, key, live=live)
 
 
 # --- the chain ---------------------------------------------------------------------------
@@ -349,6 +376,9 @@ def throughput(
     processes: int = typer.Option(2, help="worker processes, the same for both"),
     rounds: int = typer.Option(3, help="measured runs of each; the median run is reported"),
     timeout: float = typer.Option(120.0, help="seconds one measured run may take"),
+    live: bool = typer.Option(
+        False, help="submit Ratchet's tasks while its worker runs, timed from the first"
+    ),
 ) -> None:
     """Tasks/s of 1-step and 3-step tasks through Ratchet vs a bare Celery chain.
 
@@ -366,6 +396,10 @@ def throughput(
 
     After a warm-up, each shape runs ``--rounds`` times on both, taking turns; the median run
     of each is reported, and the ratio is of the medians.
+
+    With ``--live``, Ratchet's tasks are submitted over HTTP while its worker runs, and its
+    span runs from the first submission: the whole way, the API sharing the cores (the
+    chain's is as before, execution alone).
     """
     from shared.store import backends
 
@@ -375,11 +409,14 @@ def throughput(
     run = uuid.uuid4().hex[:8]
     try:
         with ExitStack() as stack:
-            ratchet = start_ratchet(stack, run, key=key, processes=processes)
+            ratchet = start_ratchet(stack, run, key=key, processes=processes, live=live)
             chain = start_chain(stack, run, processes=processes)
             report = compare(ratchet, chain, tasks=tasks, rounds=rounds, timeout=timeout)
     finally:
         drop_tenant(tenant_id)
         _forget(run)
     target = f">= {TARGET_RATIO}x the raw Celery chain"
-    emit("throughput", {"processes": processes, "tasks": tasks, **report, "target": target})
+    emit(
+        "throughput",
+        {"processes": processes, "tasks": tasks, "live": live, **report, "target": target},
+    )
