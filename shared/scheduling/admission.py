@@ -36,6 +36,7 @@ from sqlalchemy import case, func, select, true, update
 from sqlalchemy.orm import Session
 
 from shared.scheduling.limits import Limits
+from shared.store.backends import scan_index_entries
 from shared.store.db import now_ms
 from shared.store.tables import Task, TaskStatus, Tenant, runnable
 
@@ -230,6 +231,7 @@ def admission_round(
     rotation: Rotation,
 ) -> Round:
     """One round: count what is admitted, read what is due, choose, admit (not committed)."""
+    scan_index_entries(session)  # the admitted tasks' index churns
     use = in_use(session, limits)
     budget = min(capacity - use.total, window - use.in_queue)
     if budget <= 0:

@@ -38,6 +38,8 @@ class Backend(Protocol):
 
     def plan_with_values(self, session: Session) -> None: ...
 
+    def scan_index_entries(self, session: Session) -> None: ...
+
 
 BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite()}
 
@@ -81,3 +83,9 @@ def plan_with_values(session: Session) -> None:
     """For the rest of this transaction, plan each query with its values: a query over a
     time window needs to know how wide the window is (see the PostgreSQL backend)."""
     backend_of(session).plan_with_values(session)
+
+
+def scan_index_entries(session: Session) -> None:
+    """For the rest of this transaction, read indexes entry by entry, never as a bitmap: see
+    the PostgreSQL backend."""
+    backend_of(session).scan_index_entries(session)

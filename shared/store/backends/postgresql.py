@@ -87,6 +87,13 @@ class PostgreSQL:
         table and scans it, so the overview's reads ask for plans made with their values."""
         session.execute(text("SET LOCAL plan_cache_mode = auto"))
 
+    def scan_index_entries(self, session: Session) -> None:
+        """An index over rows that churn (the admitted tasks: every task passes through it)
+        holds entries of dead row versions until vacuum. A plain index scan marks those it
+        meets as dead, so the next scan skips them; a bitmap scan never does, and each one
+        reads them all again (measured: 13.5 ms a round against 2.9 ms)."""
+        session.execute(text("SET LOCAL enable_bitmapscan = off"))
+
     def epoch_seconds(self, column: Any) -> ColumnElement[float]:
         """A timestamp column as seconds since the epoch (for bucketing by minute or hour)."""
         return cast(ColumnElement[float], func.date_part("epoch", column))

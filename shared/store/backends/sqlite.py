@@ -53,6 +53,9 @@ class SQLite:
     def plan_with_values(self, session: Session) -> None:
         """SQLite plans every statement with its values."""
 
+    def scan_index_entries(self, session: Session) -> None:
+        """SQLite has no bitmap scans."""
+
     def epoch_seconds(self, column: Any) -> ColumnElement[float]:
         """A timestamp column (stored as UTC text) as seconds since the epoch."""
         return cast(func.strftime("%s", column), Float)
