@@ -2,7 +2,7 @@
 
 Every server or worker runs as a subprocess of its own, in a process group of its own, so the
 CPU and memory read from ``/proc`` are its alone and stopping it reaches every process it
-forked.
+forked. A Celery worker under measurement is steered by remote control (``Worker``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,14 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 STOP_SECONDS = 30.0
 POLL_SECONDS = 0.1
@@ -197,3 +202,40 @@ def background_cores(seconds: float = 2.0) -> float:
     before = machine_busy_seconds()
     time.sleep(seconds)
     return (machine_busy_seconds() - before) / seconds
+
+
+@dataclass
+class Worker:
+    """A Celery worker steered by remote control: paused while a backlog is loaded, so a
+    measurement covers executing the backlog and nothing before it."""
+
+    control: Celery
+    hostname: str
+    queue: str
+    child: Child
+
+    def wait_ready(self) -> None:
+        def answers() -> bool:
+            return bool(self.control.control.ping(destination=[self.hostname], timeout=0.5))
+
+        what = f"worker {self.hostname} did not start"
+        wait_until(answers, what=what, child=self.child, seconds=120)
+
+    def pause(self) -> None:
+        replies = self.control.control.cancel_consumer(
+            self.queue, destination=[self.hostname], reply=True
+        )
+        self._check(replies, action="pause")
+
+    def resume(self) -> None:
+        replies = self.control.control.add_consumer(
+            self.queue, destination=[self.hostname], reply=True
+        )
+        self._check(replies, action="resume")
+
+    def cpu_seconds(self) -> float:
+        return tree_cpu_seconds(self.child.pid)
+
+    def _check(self, replies: Any, *, action: str) -> None:
+        if not any("ok" in reply.get(self.hostname, {}) for reply in replies or []):
+            raise RuntimeError(f"worker {self.hostname} did not {action}: {replies!r}")

@@ -22,17 +22,16 @@ import typer
 from ratchet.bench.common import bench_key, drop_tenant, emit
 from ratchet.bench.processes import (
     Child,
+    Worker,
     background_cores,
     free_port,
     machine_busy_seconds,
-    tree_cpu_seconds,
     wait_ok,
     wait_until,
 )
 
 if TYPE_CHECKING:
     import redis
-    from celery import Celery
 
 SHAPES = (1, 3)  # steps per task (hops per chain)
 WARM_UP = 20  # tasks per system and shape first, unmeasured: imports, pools, caches
@@ -43,43 +42,6 @@ SCRIPTS: dict[int, list[dict[str, Any]]] = {
     1: [{"content": "done"}],
     3: [_CALL, _CALL, {"content": "done"}],
 }
-
-
-@dataclass
-class Worker:
-    """A Celery worker steered by remote control: paused while a backlog is loaded, so a
-    measurement covers executing the backlog and nothing before it."""
-
-    control: Celery
-    hostname: str
-    queue: str
-    child: Child
-
-    def wait_ready(self) -> None:
-        def answers() -> bool:
-            return bool(self.control.control.ping(destination=[self.hostname], timeout=0.5))
-
-        what = f"worker {self.hostname} did not start"
-        wait_until(answers, what=what, child=self.child, seconds=120)
-
-    def pause(self) -> None:
-        replies = self.control.control.cancel_consumer(
-            self.queue, destination=[self.hostname], reply=True
-        )
-        self._check(replies, action="pause")
-
-    def resume(self) -> None:
-        replies = self.control.control.add_consumer(
-            self.queue, destination=[self.hostname], reply=True
-        )
-        self._check(replies, action="resume")
-
-    def cpu_seconds(self) -> float:
-        return tree_cpu_seconds(self.child.pid)
-
-    def _check(self, replies: Any, *, action: str) -> None:
-        if not any("ok" in reply.get(self.hostname, {}) for reply in replies or []):
-            raise RuntimeError(f"worker {self.hostname} did not {action}: {replies!r}")
 
 
 class System(Protocol):
