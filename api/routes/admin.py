@@ -343,9 +343,7 @@ def get_schedule(schedule_id: str, principal: Reader, session: SessionDep) -> Sc
 )
 def pause_schedule(schedule_id: str, principal: Writer, session: SessionDep) -> ScheduleOut:
     """No tick fires while it is paused (ticks missed meanwhile are not run)."""
-    with session.begin():
-        schedule = schedules.get(session, principal.tenant_id, schedule_id)
-        return schedule_out(schedules.set_paused(session, schedule, True))
+    return _set_paused(session, principal.tenant_id, schedule_id, paused=True)
 
 
 @router.post(
@@ -356,9 +354,13 @@ def pause_schedule(schedule_id: str, principal: Writer, session: SessionDep) -> 
 )
 def resume_schedule(schedule_id: str, principal: Writer, session: SessionDep) -> ScheduleOut:
     """It fires again from its next tick after now."""
+    return _set_paused(session, principal.tenant_id, schedule_id, paused=False)
+
+
+def _set_paused(session: Session, tenant_id: str, schedule_id: str, *, paused: bool) -> ScheduleOut:
     with session.begin():
-        schedule = schedules.get(session, principal.tenant_id, schedule_id)
-        return schedule_out(schedules.set_paused(session, schedule, False))
+        schedule = schedules.get(session, tenant_id, schedule_id)
+        return schedule_out(schedules.set_paused(session, schedule, paused))
 
 
 @router.delete(
