@@ -395,6 +395,14 @@ class Killer:
         return any(start - READ_LAG_SECONDS <= at <= end for at in self.kills)
 
 
+def attempts_outlasting(kills: int) -> int:
+    """An attempt budget no run of random kills can use up: a step runs on one worker at a
+    time (its lease), so each kill ends one of its attempts at most, and the random choice
+    of victim can land on the same step every time (it did: a step of 50 was hit 5 times in
+    10 kills). A step still poisoned past this budget is a defect the test must show."""
+    return kills + 2
+
+
 CHAOS_TASKS = 50
 CHAOS_TOOL_STEPS = 5
 # Each kill costs the fleet a worker's start and its processes' first, cold steps: the number
@@ -412,6 +420,7 @@ def test_chaos_kills_lose_no_task_and_repeat_no_side_effect(
             # the backlog; a longer grace re-sends fewer needlessly, and a dead worker's step,
             # long overdue, is still re-sent as soon as its lease ends.
             env = {**FAST, **model_env(llm), "RATCHET_SWEEP_GRACE_SECONDS": "3"}
+            env["RATCHET_MAX_STEP_ATTEMPTS"] = str(attempts_outlasting(CHAOS_KILLS))
             fleet = stack(workers=3, concurrency=2, env=env)
             with fleet.client(headers=tenant.headers) as http:
                 bodies = {f"c{n}": posting_task(f"c{n}") for n in range(CHAOS_TASKS)}
@@ -461,6 +470,7 @@ def test_chaos_with_hundreds_of_tasks_in_flight_on_a_slow_model(
             # the heartbeats of 500 steps into losing a lease that no kill ended.
             env = {**FAST, **model_env(llm), "RATCHET_SWEEP_GRACE_SECONDS": "3"}
             env["RATCHET_LEASE_TTL_SECONDS"] = "8"
+            env["RATCHET_MAX_STEP_ATTEMPTS"] = str(attempts_outlasting(SLOW_KILLS))
             fleet = stack(workers=2, concurrency=1, env=env)
             with fleet.client(headers=tenant.headers) as http:
                 bodies = {f"s{n}": posting_task(f"s{n}") for n in range(SLOW_TASKS)}
