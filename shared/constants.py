@@ -20,3 +20,4 @@ LAST_SWEEP_PREFIX = REDIS_PREFIX + "last-sweep:"
 # Published after a commit that left work for the dispatcher (a submission, a retry, a
 # decision), per queue name: wakes the dispatcher that holds the lead.
 DISPATCH_CHANNEL_PREFIX = REDIS_PREFIX + "dispatch:"
+DISPATCH_GATE_PREFIX = REDIS_PREFIX + "dispatch-gate:"  # open: submissions may skip the backlog

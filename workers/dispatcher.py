@@ -27,7 +27,7 @@ from sqlalchemy import update
 from shared.ops import fleet
 from shared.ops.fleet import FleetUnavailable
 from shared.queue import enqueue_deliveries, enqueue_steps
-from shared.scheduling import admission, lead, limits, schedules
+from shared.scheduling import admission, gate, lead, limits, schedules
 from shared.scheduling.wake import Waiter
 from shared.settings import get_settings
 from shared.store.db import transaction
@@ -71,6 +71,7 @@ class Dispatcher:
         """Give the lead up (if held), so that another process takes it at once."""
         if self._renewed:
             self._renewed = 0.0
+            gate.close_gate()  # no leader to keep the gate: through the backlog till the next
             try:
                 with transaction() as session:
                     lead.release(session, self.lead_name, self.owner)
@@ -125,6 +126,10 @@ class Dispatcher:
             )
         # One not sent is admitted with no message: the sweeper sends it one after its grace.
         enqueue_steps(found.admitted)
+        if found.spare:
+            gate.open_gate(found.spare)  # so many may skip the backlog: nothing waits
+        else:
+            gate.close_gate()
         self.admitted += len(found.admitted)
         return found
 

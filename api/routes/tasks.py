@@ -33,8 +33,9 @@ from api.stream_limits import limits
 from shared import notify
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
 from shared.observability import metrics
-from shared.queue import enqueue_deliveries
-from shared.scheduling import caps
+from shared.queue import enqueue_deliveries, enqueue_steps
+from shared.scheduling import caps, gate
+from shared.scheduling import limits as concurrency
 from shared.scheduling.wake import wake
 from shared.settings import get_settings
 from shared.store import checkpoints, ledger, tasks
@@ -49,17 +50,31 @@ FALLBACK_POLL_SECONDS = 2.0
 
 
 def _after_commit(task: Task, deliveries: list[str], *, run: bool = False) -> None:
-    """The change is committed: wake readers, send webhooks, and (``run``) wake the
-    dispatcher, which admits the task from the backlog when its turn comes. If the broker is
-    down the sweeper sends the webhooks later; a lost wake-up costs one dispatcher poll."""
+    """The change is committed: wake readers, send webhooks, and (``run``) send the step of a
+    task admitted directly, or else wake the dispatcher, which admits the task from the
+    backlog when its turn comes. If the broker is down the sweeper sends the webhooks and
+    the step later; a lost wake-up costs one dispatcher poll."""
     notify.publish([task.id])
     try:
         if deliveries:
             enqueue_deliveries(deliveries)
-        if run:
+        if run and task.admitted_ms is not None:
+            enqueue_steps([(task.id, task.steps + 1)])
+        elif run:
             wake()
     except Exception:
         log.exception("enqueue failed; the sweeper will retry", extra={"task_id": task.id})
+
+
+def _direct(session: Session, tenant: str, spec: tasks.NewTask) -> bool:
+    """Whether the task skips the backlog (``shared.scheduling.gate``): due now, under no
+    concurrency limit (only the dispatcher counts slots), and a slot taken from the gate."""
+    if spec.run_at_ms is not None:
+        return False
+    limits = concurrency.cached(session)
+    if limits.governs(tenant=tenant, agent=spec.agent, model=spec.model):
+        return False
+    return gate.take_slot()
 
 
 def _replay(existing: Task, digest: str) -> Task:
@@ -157,6 +172,7 @@ def submit_task(
                     idempotency_key=idempotency_key,
                     request_hash=digest,
                     deliveries=deliveries,
+                    admitted=_direct(session, principal.tenant_name, spec),
                 )
                 created = True
     except IntegrityError:

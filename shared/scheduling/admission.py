@@ -219,6 +219,10 @@ class Round:
     admitted: list[tuple[str, int]]
     waiting: bool  # tasks were due that this round left waiting (no room, or no budget)
     more: bool = False  # budget is left and a tenant had more than this round read of it
+    # The budget left when every due task read was admitted or is held back by a limit of
+    # its own: so many new tasks under no limit would be admitted at once (see
+    # shared.scheduling.gate); 0 when a due task waits for room.
+    spare: int = 0
 
 
 def admission_round(
@@ -243,7 +247,9 @@ def admission_round(
     read = Counter(c.tenant_id for c in found)
     capped = any(n >= per_tenant for n in read.values())
     more = capped and len(admitted) < budget and len(picked) == len(found)
-    return Round(admitted, waiting=len(found) > len(admitted), more=more)
+    unread = capped if fair else len(found) >= per_tenant  # maybe more due than was read
+    spare = 0 if unread else budget - len(picked)
+    return Round(admitted, waiting=len(found) > len(admitted), more=more, spare=spare)
 
 
 def backlog_by_tenant(session: Session) -> dict[str, tuple[int, int]]:

@@ -144,6 +144,14 @@ class Limits:
             if pool.holds(tenant=tenant, agent=agent, model=model)
         ]
 
+    def governs(self, *, tenant: str, agent: str, model: str) -> bool:
+        """Whether a task of ``tenant``'s, ``agent`` and ``model`` falls under any limit."""
+        return (
+            self.tenant(tenant).max_running is not None
+            or self.agent(agent) is not None
+            or bool(self.pools_of(tenant=tenant, agent=agent, model=model))
+        )
+
     @property
     def any_running_limit(self) -> bool:
         return bool(self.config.agents or self.config.pools) or any(

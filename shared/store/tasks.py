@@ -49,7 +49,10 @@ def create_task(
     idempotency_key: str | None = None,
     request_hash: str | None = None,
     deliveries: list[str] | None = None,
+    admitted: bool = False,
 ) -> Task:
+    """Insert a queued task: in the backlog, or (``admitted``, the direct path of
+    ``shared.scheduling.gate``) admitted already, its message the caller's to send."""
     task = Task(
         id=new_id(),
         tenant_id=tenant_id,
@@ -69,6 +72,7 @@ def create_task(
         request_hash=request_hash,
         # It waits in the backlog until the dispatcher admits it (shared.scheduling).
         due_ms=spec.run_at_ms if spec.run_at_ms is not None else now_ms(),
+        admitted_ms=now_ms() if admitted else None,
         priority=spec.priority,
         run_at=_at(spec.run_at_ms),
         schedule_id=spec.schedule_id,
