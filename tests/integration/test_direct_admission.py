@@ -149,3 +149,24 @@ def test_without_a_leader_or_when_turned_off_every_task_goes_through_the_backlog
     with leading(direct_admission="false") as dispatcher:
         assert dispatcher.round().spare
         assert not admitted_at_insert(submit(client, tenant))
+
+
+@pytest.mark.backends("postgresql")
+def test_a_direct_task_whose_message_never_went_is_sent_by_the_sweeper(
+    client: TestClient, tenant: TenantHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API committed the task admitted, then died (or lost the broker) before sending its
+    message: the sweeper sends it, as for any admitted task without one."""
+    from api.routes import tasks as task_routes
+    from workers import sweeper
+
+    monkeypatch.setattr(task_routes, "enqueue_steps", lambda steps: False)
+    with leading(sweep_grace_seconds="1") as dispatcher:
+        assert dispatcher.round().spare
+        task = submit(client, tenant)
+        assert admitted_at_insert(task)
+        assert queued() == 0
+        time.sleep(1.3)  # past the grace
+        assert sweeper.sweep_once() == 1
+        assert queued() == 1
+        assert sweeper.sweep_once() == 0  # one message, not one a sweep
