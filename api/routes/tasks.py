@@ -49,17 +49,19 @@ MAX_WAIT_SECONDS = 60
 FALLBACK_POLL_SECONDS = 2.0
 
 
-def _after_commit(task: Task, deliveries: list[str], *, run: bool = False) -> None:
-    """The change is committed: wake readers, send webhooks, and (``run``) send the step of a
-    task admitted directly, or else wake the dispatcher, which admits the task from the
-    backlog when its turn comes. If the broker is down the sweeper sends the webhooks and
-    the step later; a lost wake-up costs one dispatcher poll."""
+def _after_commit(
+    task: Task, deliveries: list[str], *, run: bool = False, direct: bool = False
+) -> None:
+    """The change is committed: wake readers, send webhooks, and (``run``) send the first
+    step of a task admitted ``direct``, or else wake the dispatcher, which admits the task
+    from the backlog when its turn comes. If the broker is down the sweeper sends the
+    webhooks and the step later; a lost wake-up costs one dispatcher poll."""
     notify.publish([task.id])
     try:
         if deliveries:
             enqueue_deliveries(deliveries)
-        if run and task.admitted_ms is not None:
-            enqueue_steps([(task.id, task.steps + 1)])
+        if run and direct:
+            enqueue_steps([(task.id, 1)])
         elif run:
             wake()
     except Exception:
@@ -154,7 +156,7 @@ def submit_task(
     spec = submission.resolve(body, get_settings())
     submission.check_rate(principal.tenant_name)
     digest = submission.request_hash(body)
-    created = False
+    created = direct = False
     deliveries: list[str] = []
     try:
         with session.begin():
@@ -165,6 +167,7 @@ def submit_task(
                 task = _replay(existing, digest)
             else:
                 caps.check(session, principal.tenant_id, principal.tenant_name)
+                direct = _direct(session, principal.tenant_name, spec)
                 task = tasks.create_task(
                     session,
                     principal.tenant_id,
@@ -172,7 +175,7 @@ def submit_task(
                     idempotency_key=idempotency_key,
                     request_hash=digest,
                     deliveries=deliveries,
-                    admitted=_direct(session, principal.tenant_name, spec),
+                    admitted=direct,
                 )
                 created = True
     except IntegrityError:
@@ -185,7 +188,7 @@ def submit_task(
         task, created = _replay(existing, digest), False
     if created:
         metrics.tasks_submitted.inc()
-        _after_commit(task, deliveries, run=True)
+        _after_commit(task, deliveries, run=True, direct=direct)
     else:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/tasks/{task.id}"

@@ -5,7 +5,9 @@ model answering at once, run in this process on the configured database, twice: 
 going on in place, as a worker runs them (each step reads only its predecessor's rows and
 carries the conversation over), and, as the baseline, a message per step (each step leases
 the task afresh and rebuilds the conversation from every earlier step's rows). Reported: the
-CPU time and wall time of the steps near the end against the same near the start.
+CPU time and wall time of the steps near the end against the same near the start; then,
+from a third run in place with every write counted, the write commits and the bytes of WAL
+of a tool step near the start and near the end.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import Any
 
 import typer
 
-from ratchet.bench.common import bench_tenant, drop_queue, drop_tenant, emit, new_task
+from ratchet.bench.common import (
+    bench_tenant,
+    drop_queue,
+    drop_tenant,
+    emit,
+    libpq_url,
+    new_task,
+)
 from shared.settings import get_settings
 
 SAMPLE = 10  # steps averaged at each end
@@ -77,6 +86,46 @@ def _message_per_step(task_id: str, steps: int) -> None:
         runner.advance(task_id, number)
 
 
+def _written_in_place(task_id: str) -> dict[str, float]:
+    """The task's steps in place again, each step's write commits and WAL counted (hooks on
+    every statement would slow the timed passes): medians near the start and near the end.
+    The WAL is the server's (``pg_current_wal_insert_lsn``), so run it on a quiet database."""
+    import psycopg
+
+    from ratchet.bench.checkpoint import WriteMeter
+    from shared.store.db import get_engine
+    from workers.steps import runner
+
+    meter, original = WriteMeter(), runner.advance_one
+    wal: list[int] = []
+    meter.install(get_engine())
+    query = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"
+    with psycopg.connect(libpq_url(), autocommit=True) as probe:
+
+        def metered(*args: Any, **kwargs: Any) -> Any:
+            (before,) = probe.execute(query).fetchone() or (0,)
+            with meter.labelled(f"step{len(wal) + 1}"):
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    (after,) = probe.execute(query).fetchone() or (0,)
+                    wal.append(int(after) - int(before))
+
+        runner.advance_one = metered
+        try:
+            _in_place(task_id)
+        finally:
+            runner.advance_one = original
+    commits = [meter.commits[f"step{n}"] for n in range(1, len(wal) + 1)]
+    early, late = slice(1, 1 + SAMPLE), slice(-SAMPLE - 1, -1)  # the last is the answer
+    return {
+        "early_wal_bytes": statistics.median(wal[early]),
+        "late_wal_bytes": statistics.median(wal[late]),
+        "early_write_commits": statistics.median(commits[early]),
+        "late_write_commits": statistics.median(commits[late]),
+    }
+
+
 def history(
     *,
     steps: int = typer.Option(200, help="steps of the task (at most max_steps_limit)"),
@@ -94,6 +143,7 @@ def history(
         in_place = _timed_steps(lambda: _in_place(carried))
         rebuilt = new_task(tenant_id, _script(steps))
         baseline = _timed_steps(lambda: _message_per_step(rebuilt, steps))
+        written = _written_in_place(new_task(tenant_id, _script(steps)))
     finally:
         drop_tenant(tenant_id)
         drop_queue(queue)
@@ -104,6 +154,8 @@ def history(
             "sampled_steps_each_end": SAMPLE,
             "in_place": _ends(in_place),
             "baseline_message_per_step": _ends(baseline),
-            "target": "a step near the end <= 1.2x the CPU and time of step 2",
+            "in_place_writes_per_tool_step": written,
+            "target": "a step near the end <= 1.2x the CPU and time of step 2; "
+            "<= 2.5 KB of WAL and <= 3 write commits a tool step",
         },
     )
