@@ -39,7 +39,9 @@ def purge() -> None:
 
 @contextmanager
 def leading(**values: Any) -> Iterator[Dispatcher]:
-    """A dispatcher that leads, on a queue of its own (empty), with these settings."""
+    """A dispatcher that leads, on a queue of its own (empty), with these settings (direct
+    admission on, unless they say otherwise)."""
+    values = {"direct_admission": "true", **values}
     with settings(queue_name=f"ratchet-test-direct-{time.time_ns()}", **values):
         dispatcher = Dispatcher()
         assert dispatcher.lead()
