@@ -16,7 +16,9 @@ backlog. Tasks under a concurrency limit, and tasks not due yet, always go throu
 backlog (the API counts no slots).
 
 Taking a slot is one Redis script on the broker, or process memory when embedded; no answer
-is a no.
+is a no. Off by default (``RATCHET_DIRECT_ADMISSION``): the task starts a few milliseconds
+sooner, but the API then sends every message itself, one at a time, where a round sends
+many in one pipeline.
 """
 
 from __future__ import annotations
