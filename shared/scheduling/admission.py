@@ -15,8 +15,9 @@ order of admission is Ratchet's:
   slots; a task that waits (rate limit, backoff, approval) gives its slot back.
 
 An admitted task keeps its slot from step to step: a step that may continue at once does so
-on the worker (or by a direct message), never through the dispatcher. And with direct admission on, a task
-submitted while nothing waits for room skips the backlog (``shared.scheduling.gate``).
+on the worker (or by a direct message), never through the dispatcher. And with direct
+admission on, a task submitted while nothing waits for room skips the backlog
+(``shared.scheduling.gate``).
 
 Admission is one UPDATE (``admitted_ms`` set, due now) committed before the messages are
 sent. A dispatcher that dies in between leaves admitted tasks without a message: the sweeper
