@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from api.problems import field_name
 from api.schemas import MAX_DELAY_SECONDS, TaskCreate
@@ -20,6 +21,8 @@ from shared.providers import Script, check_available, parse_model, script_delays
 from shared.ratelimit import limits
 from shared.ratelimit.buckets import LimiterUnavailable
 from shared.ratelimit.limiter import get_limiter
+from shared.scheduling import gate
+from shared.scheduling import limits as concurrency
 from shared.settings import Settings
 from shared.store.tasks import NewTask
 from shared.webhooks.egress import check_url
@@ -71,6 +74,16 @@ def check_rate(tenant: str) -> None:
             f"tenant {tenant!r} is over its submission limit; retry in {retry_after} s",
             headers={"Retry-After": str(retry_after)},
         )
+
+
+def direct(session: Session, tenant: str, spec: NewTask) -> bool:
+    """Whether the task skips the backlog (``shared.scheduling.gate``): due now, under no
+    concurrency limit (only the dispatcher counts slots), and a slot taken from the gate."""
+    if spec.run_at_ms is not None:
+        return False
+    if concurrency.cached(session).governs(tenant=tenant, agent=spec.agent, model=spec.model):
+        return False
+    return gate.take_slot()
 
 
 def request_hash(body: TaskCreate) -> str:

@@ -34,8 +34,7 @@ from shared import notify
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
 from shared.observability import metrics
 from shared.queue import enqueue_deliveries, enqueue_steps
-from shared.scheduling import caps, gate
-from shared.scheduling import limits as concurrency
+from shared.scheduling import caps
 from shared.scheduling.wake import wake
 from shared.settings import get_settings
 from shared.store import checkpoints, ledger, tasks
@@ -52,10 +51,8 @@ FALLBACK_POLL_SECONDS = 2.0
 def _after_commit(
     task: Task, deliveries: list[str], *, run: bool = False, direct: bool = False
 ) -> None:
-    """The change is committed: wake readers, send webhooks, and (``run``) send the first
-    step of a task admitted ``direct``, or else wake the dispatcher, which admits the task
-    from the backlog when its turn comes. If the broker is down the sweeper sends the
-    webhooks and the step later; a lost wake-up costs one dispatcher poll."""
+    """Committed: wake readers, send webhooks, and (``run``) send a ``direct`` task's first
+    step or wake the dispatcher. A down broker: the sweeper sends them later."""
     notify.publish([task.id])
     try:
         if deliveries:
@@ -66,17 +63,6 @@ def _after_commit(
             wake()
     except Exception:
         log.exception("enqueue failed; the sweeper will retry", extra={"task_id": task.id})
-
-
-def _direct(session: Session, tenant: str, spec: tasks.NewTask) -> bool:
-    """Whether the task skips the backlog (``shared.scheduling.gate``): due now, under no
-    concurrency limit (only the dispatcher counts slots), and a slot taken from the gate."""
-    if spec.run_at_ms is not None:
-        return False
-    limits = concurrency.cached(session)
-    if limits.governs(tenant=tenant, agent=spec.agent, model=spec.model):
-        return False
-    return gate.take_slot()
 
 
 def _replay(existing: Task, digest: str) -> Task:
@@ -167,7 +153,7 @@ def submit_task(
                 task = _replay(existing, digest)
             else:
                 caps.check(session, principal.tenant_id, principal.tenant_name)
-                direct = _direct(session, principal.tenant_name, spec)
+                direct = submission.direct(session, principal.tenant_name, spec)
                 task = tasks.create_task(
                     session,
                     principal.tenant_id,

@@ -332,7 +332,7 @@ def oldest_runnable_task(session: Session) -> RunnableTask | None:
     found = []
     for status in TaskStatus.RUNNABLE:
         row = session.execute(
-            select(Task.id, Task.status, Task.due_ms)
+            select(Task.id, Task.status, Task.due_ms, Task.lease_expires_ms)
             .where(Task.status == status, Task.due_ms.is_not(None), unleased)
             .order_by(Task.due_ms)
             .limit(1)
@@ -341,8 +341,14 @@ def oldest_runnable_task(session: Session) -> RunnableTask | None:
             found.append(row)
     if not found:
         return None
-    oldest = min(found, key=lambda row: int(row.due_ms))
-    due_ms = int(oldest.due_ms)
+
+    def since(row: Any) -> int:
+        # A step leased in place keeps its task's older due time: it was due again only
+        # once its lease ran out.
+        return max(int(row.due_ms), int(row.lease_expires_ms or 0))
+
+    oldest = min(found, key=since)
+    due_ms = since(oldest)
     due_at = datetime.fromtimestamp(due_ms / 1000, UTC)
     return RunnableTask(oldest.id, oldest.status, due_at, clock - due_ms)
 

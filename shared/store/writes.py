@@ -138,8 +138,14 @@ def usage_values(*, input_tokens: int, output_tokens: int, cost_usd: float) -> d
 
 
 def progress_values(lease: Lease, *, next_owner: str | None = None) -> dict[str, Any]:
-    """``lease.step`` is done: free the task for the next step's message, or, with
-    ``next_owner``, lease the next step to it in the same write (see :func:`next_lease`)."""
+    """``lease.step`` is done: free the task for the next step's message (due now), or, with
+    ``next_owner``, lease the next step to it in the same write (see :func:`next_lease`).
+
+    The in-place write changes no indexed column of the task (its due time stays where it
+    was), so PostgreSQL updates the row in place (HOT): no new entry in any of the task's
+    indexes, at every step. Its due time is not needed while it is leased: if the worker
+    dies, the lease running out is what makes the task overdue to the sweeper, and its
+    older due time only makes that sooner."""
     values: dict[str, Any] = {
         "steps": lease.step,
         "attempt": 0,
@@ -147,16 +153,15 @@ def progress_values(lease: Lease, *, next_owner: str | None = None) -> dict[str,
         "waiting": None,
         "lease_owner": None,
         "lease_expires_ms": None,
-        "due_ms": FromNow(0),
     }
-    if next_owner is not None:
-        values |= {
-            "lease_epoch": Increment(1),
-            "lease_owner": next_owner,
-            "lease_expires_ms": FromNow(lease.ttl_ms),
-            "attempt": 1,
-        }
-    return values
+    if next_owner is None:
+        return values | {"due_ms": FromNow(0)}
+    return values | {
+        "lease_epoch": Increment(1),
+        "lease_owner": next_owner,
+        "lease_expires_ms": FromNow(lease.ttl_ms),
+        "attempt": 1,
+    }
 
 
 def release_values(

@@ -8,6 +8,7 @@ the prediction, as the step runner sees them.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ from shared.store.fenced import (
     state_of,
 )
 from shared.store.leases import next_lease
-from shared.store.tables import TaskStatus
+from shared.store.tables import Task, TaskStatus
 from shared.store.writes import (
     progress_values,
     release_values,
@@ -219,6 +220,29 @@ def test_a_completion_that_leases_the_next_step_yields_that_lease_on_the_write_c
     assert (following.owner, following.ttl_ms) == ("host:2:7", ttl_ms)
     assert following.clock_ms == clock_ms
     assert following.task is after
+
+
+def indexed_columns(table: Any) -> set[str]:
+    """Every column an index of ``table`` names, in its key or in its predicate: a change to
+    any of them keeps PostgreSQL from updating a row in place (HOT)."""
+    names = set(table.primary_key.columns.keys())
+    for index in table.indexes:
+        names.update(c.name for c in index.columns)
+        where = index.dialect_options["postgresql"].get("where")
+        words = [str(e) for e in index.expressions] + ([] if where is None else [str(where)])
+        names.update(c.name for c in table.columns if re.search(rf"\b{c.name}\b", " ".join(words)))
+    return names
+
+
+def test_a_completion_that_leases_the_next_step_changes_no_indexed_column() -> None:
+    """Each step that goes on in place updates its task row HOT: no new index entries."""
+    task = task_state()
+    changed = set(progress_values(lease_on(task), next_owner="host:2:7"))
+    indexed = indexed_columns(Task.__table__)
+    assert {"due_ms", "status", "admitted_ms"} <= indexed  # the check sees predicates too
+    assert changed & indexed == set()
+    after = settled(task, progress_values(lease_on(task), next_owner="host:2:7"))
+    assert after.due_ms == task.due_ms
 
 
 def test_no_next_lease_when_the_epoch_moved_on_by_more_than_the_completion() -> None:
