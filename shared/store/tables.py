@@ -223,8 +223,14 @@ class ToolCall(Base):
     __tablename__ = "tool_calls"
     __table_args__ = (
         UniqueConstraint("task_id", "call_id", name="uq_tool_calls_task_call"),
-        # The sweeper's look for approvals past their deadline.
-        Index("ix_tool_calls_awaiting", "status", "approval_deadline_ms"),
+        # The sweeper's look for approvals past their deadline: undecided calls only, and no
+        # status in it, so a call's outcome is written in place (HOT).
+        Index(
+            "ix_tool_calls_undecided",
+            "approval_deadline_ms",
+            postgresql_where=text("decision IS NULL AND approval_deadline_ms IS NOT NULL"),
+            sqlite_where=text("decision IS NULL AND approval_deadline_ms IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import BindParameter
 
+from shared.store import ledger
 from shared.store.batch import Increment
 from shared.store.db import now_ms
 from shared.store.fenced import (
@@ -31,7 +32,7 @@ from shared.store.fenced import (
     state_of,
 )
 from shared.store.leases import next_lease
-from shared.store.tables import Task, TaskStatus
+from shared.store.tables import Task, TaskStatus, ToolCall
 from shared.store.writes import (
     progress_values,
     release_values,
@@ -243,6 +244,14 @@ def test_a_completion_that_leases_the_next_step_changes_no_indexed_column() -> N
     assert changed & indexed == set()
     after = settled(task, progress_values(lease_on(task), next_owner="host:2:7"))
     assert after.due_ms == task.due_ms
+
+
+@pytest.mark.parametrize("status", [ledger.SUCCEEDED, ledger.FAILED])
+def test_a_tool_calls_outcome_changes_no_indexed_column(status: str) -> None:
+    """A call's outcome is written in place (HOT) too: no new entry in the ledger's indexes."""
+    indexed = indexed_columns(ToolCall.__table__)
+    assert {"approval_deadline_ms", "decision"} <= indexed
+    assert set(ledger.outcome("1.0", status=status).values) & indexed == set()
 
 
 def test_no_next_lease_when_the_epoch_moved_on_by_more_than_the_completion() -> None:
