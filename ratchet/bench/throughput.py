@@ -14,12 +14,12 @@ from collections import Counter, defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 import typer
 
-from ratchet.bench.common import bench_key, drop_tenant, emit
+from ratchet.bench.common import bench_key, drop_tenant, emit, libpq_url
 from ratchet.bench.processes import (
     Child,
     Worker,
@@ -31,7 +31,7 @@ from ratchet.bench.processes import (
 )
 
 if TYPE_CHECKING:
-    import redis
+    from ratchet.bench.servers.chain_worker import Chain
 
 SHAPES = (1, 3)  # steps per task (hops per chain)
 WARM_UP = 20  # tasks per system and shape first, unmeasured: imports, pools, caches
@@ -197,64 +197,6 @@ def start_ratchet(
     return Ratchet(worker, url, key, live=live)
 
 
-# --- the chain ---------------------------------------------------------------------------
-
-
-@dataclass
-class Chain:
-    """Bare Celery chains; each notes its end time in a Redis list."""
-
-    worker: Worker
-    count: int = 0
-
-    def load(self, steps: int, *, count: int) -> None:
-        from ratchet.bench.servers.chain import done_key, send_hop
-
-        _redis().delete(done_key(self.worker.queue))
-        for number in range(count):
-            send_hop(str(number), steps - 1, queue=self.worker.queue)
-        self.count = count
-
-    def release(self) -> None:
-        pass  # the paused worker holds the messages
-
-    def done(self) -> bool:
-        from ratchet.bench.servers.chain import done_key
-
-        return cast(int, _redis().llen(done_key(self.worker.queue))) >= self.count
-
-    def outcome(self) -> dict[str, Any]:
-        from ratchet.bench.servers.chain import done_key
-
-        ends = cast(list[bytes], _redis().lrange(done_key(self.worker.queue), 0, -1))
-        return {"ended_at": max(float(end) for end in ends), "completed": len(ends)}
-
-
-@lru_cache
-def _redis() -> redis.Redis:
-    import redis
-
-    from shared.settings import get_settings
-
-    return redis.Redis.from_url(get_settings().redis_url)
-
-
-def start_chain(stack: ExitStack, run: str, *, processes: int) -> Chain:
-    """The chain's worker, with the options Ratchet's worker runs with, paused."""
-    from ratchet.bench.servers.chain import app as chain_app
-
-    queue, hostname = f"bench-chain-{run}", f"chain-{run}@bench"
-    argv = ["celery", "-A", "ratchet.bench.servers.chain", "worker"]
-    argv += ["--pool", "prefork", "--concurrency", str(processes), "--prefetch-multiplier", "1"]
-    argv += ["-Q", queue, "--hostname", hostname, "--loglevel", "WARNING"]
-    argv += ["--without-gossip", "--without-mingle"]
-    env = {**os.environ, "RATCHET_QUEUE_NAME": queue}
-    child = stack.enter_context(Child(*argv, env=env, keep_stdout=True))
-    worker = Worker(chain_app, hostname, queue, child)
-    worker.wait_ready()
-    return Chain(worker)
-
-
 # --- measuring ---------------------------------------------------------------------------
 
 
@@ -284,9 +226,19 @@ def measure(system: System, steps: int, *, count: int, timeout: float) -> dict[s
 
 
 def compare(
-    ratchet: Ratchet, chain: Chain, *, tasks: int, rounds: int, timeout: float
+    ratchet: Ratchet,
+    chain: Chain,
+    *,
+    tasks: int,
+    rounds: int,
+    timeout: float,
+    langgraph: bool = False,
+    threads: int = 2,
 ) -> dict[str, Any]:
-    """Every shape on both systems after a warm-up, taking turns, ``rounds`` times."""
+    """Every shape on both systems after a warm-up, taking turns, ``rounds`` times (and on
+    the LangGraph peer, which warms up in its own process, if asked)."""
+    from ratchet.bench.servers import langgraph_peer
+
     systems = (("ratchet", ratchet), ("chain", chain))
     for _, system in systems:
         for steps in SHAPES:
@@ -297,8 +249,14 @@ def compare(
         for steps in SHAPES:
             for name, system in systems:
                 runs[name, steps].append(measure(system, steps, count=tasks, timeout=timeout))
+            if langgraph:
+                peer = langgraph_peer.measure(steps, count=tasks, threads=threads, url=libpq_url())
+                runs["langgraph", steps].append(peer)
     for steps in SHAPES:
-        report[f"{steps}_step"] = verdict(runs["ratchet", steps], runs["chain", steps])
+        report[f"{steps}_step"] = shape = verdict(runs["ratchet", steps], runs["chain", steps])
+        if langgraph:
+            shape["langgraph"] = peer = _median(runs["langgraph", steps])
+            shape["ratio_to_langgraph"] = shape["ratchet"]["tasks_per_s"] / peer["tasks_per_s"]
     report["background_cores_after"] = background_cores()
     return report
 
@@ -323,7 +281,7 @@ def verdict(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[st
 
 def _forget(run: str) -> None:
     """Delete the Redis keys this run made: its queues, their bindings, the chain's ends."""
-    from ratchet.bench.servers.chain import done_key
+    from ratchet.bench.servers.chain import _redis, done_key
 
     client = _redis()
     for queue in (f"bench-{run}", f"bench-{run}.webhooks", f"bench-chain-{run}"):
@@ -340,6 +298,9 @@ def throughput(
     timeout: float = typer.Option(120.0, help="seconds one measured run may take"),
     live: bool = typer.Option(
         False, help="submit Ratchet's tasks while its worker runs, timed from the first"
+    ),
+    langgraph: bool = typer.Option(
+        False, help="also run the same loop on LangGraph with PostgresSaver, as many threads"
     ),
 ) -> None:
     """Tasks/s of 1-step and 3-step tasks through Ratchet vs a bare Celery chain.
@@ -361,7 +322,10 @@ def throughput(
 
     With ``--live``, Ratchet's tasks are submitted over HTTP while its worker runs, and its
     span runs from the first submission: the whole way, the API sharing the cores (the
-    chain's is as before, execution alone).
+    chain's is as before, execution alone). With ``--langgraph``, each round also runs the
+    same tasks as a LangGraph graph checkpointed by ``PostgresSaver`` on the same database
+    (a superstep's checkpoint written before the next), on a pool of as many threads as the
+    worker has processes (``ratchet.bench.servers.langgraph_peer``).
     """
     from shared.store import backends
 
@@ -372,11 +336,25 @@ def throughput(
     try:
         with ExitStack() as stack:
             ratchet = start_ratchet(stack, run, key=key, processes=processes, live=live)
+            from ratchet.bench.servers.chain_worker import start_chain
+
             chain = start_chain(stack, run, processes=processes)
-            report = compare(ratchet, chain, tasks=tasks, rounds=rounds, timeout=timeout)
+            report = compare(
+                ratchet,
+                chain,
+                tasks=tasks,
+                rounds=rounds,
+                timeout=timeout,
+                langgraph=langgraph,
+                threads=processes,
+            )
     finally:
         drop_tenant(tenant_id)
         _forget(run)
+        if langgraph:
+            from ratchet.bench.servers import langgraph_peer
+
+            langgraph_peer.drop(libpq_url())
     target = f">= {TARGET_RATIO}x the raw Celery chain"
     emit(
         "throughput",
