@@ -3,6 +3,28 @@
 Both run in one invocation on the same Redis broker with the same number of worker processes,
 and take turns (Ratchet 1-step, chain 1-step, Ratchet 3-step, chain 3-step) so drift on a
 noisy machine hits both alike.
+
+Ratchet: ``ratchet api`` and ``ratchet worker`` (scripted model, answering at once; the
+3-step task makes two calculator calls). The chain: one Celery task sending the next hop
+until the chain's last, with Ratchet's Celery settings, on the same broker with as many
+processes. Before each measured run the worker is paused (remote control) and all its
+tasks are loaded: Ratchet's through the HTTP API, the chains' first hops straight to the
+broker. The span runs from resuming the worker to the last task's recorded end, so it
+is execution alone on both sides: HTTP submission is reported apart (``submit_per_s``),
+since a client submitting while the workers run would share their cores. CPU per step
+is counted over the span: the worker's process tree, and the machine as a whole
+(Postgres, Redis and any other load included; ``background_cores`` is that other load,
+sampled while everything here sits idle).
+
+After a warm-up, each shape runs ``--rounds`` times on both, taking turns; the median run
+of each is reported, and the ratio is of the medians.
+
+With ``--live``, Ratchet's tasks are submitted over HTTP while its worker runs, and its
+span runs from the first submission: the whole way, the API sharing the cores (the
+chain's is as before, execution alone). With ``--langgraph``, each round also runs the
+same tasks as a LangGraph graph checkpointed by ``PostgresSaver`` on the same database
+(a superstep's checkpoint written before the next), on a pool of as many threads as the
+worker has processes (``ratchet.bench.servers.langgraph_peer``).
 """
 
 from __future__ import annotations
@@ -303,30 +325,9 @@ def throughput(
         False, help="also run the same loop on LangGraph with PostgresSaver, as many threads"
     ),
 ) -> None:
-    """Tasks/s of 1-step and 3-step tasks through Ratchet vs a bare Celery chain.
-
-    Ratchet: ``ratchet api`` and ``ratchet worker`` (scripted model, answering at once; the
-    3-step task makes two calculator calls). The chain: one Celery task sending the next hop
-    until the chain's last, with Ratchet's Celery settings, on the same broker with as many
-    processes. Before each measured run the worker is paused (remote control) and all its
-    tasks are loaded: Ratchet's through the HTTP API, the chains' first hops straight to the
-    broker. The span runs from resuming the worker to the last task's recorded end, so it
-    is execution alone on both sides: HTTP submission is reported apart (``submit_per_s``),
-    since a client submitting while the workers run would share their cores. CPU per step
-    is counted over the span: the worker's process tree, and the machine as a whole
-    (Postgres, Redis and any other load included; ``background_cores`` is that other load,
-    sampled while everything here sits idle).
-
-    After a warm-up, each shape runs ``--rounds`` times on both, taking turns; the median run
-    of each is reported, and the ratio is of the medians.
-
-    With ``--live``, Ratchet's tasks are submitted over HTTP while its worker runs, and its
-    span runs from the first submission: the whole way, the API sharing the cores (the
-    chain's is as before, execution alone). With ``--langgraph``, each round also runs the
-    same tasks as a LangGraph graph checkpointed by ``PostgresSaver`` on the same database
-    (a superstep's checkpoint written before the next), on a pool of as many threads as the
-    worker has processes (``ratchet.bench.servers.langgraph_peer``).
-    """
+    """Tasks/s of 1-step and 3-step tasks through Ratchet (loaded first, or --live) against
+    a bare Celery chain on the same broker and processes, and with --langgraph against
+    LangGraph + PostgresSaver; the median of --rounds turns of each."""
     from shared.store import backends
 
     if backends.current().name != "postgresql":

@@ -54,6 +54,12 @@ class TaskStatus:
 
 
 _RUNNABLE_SQL = "('queued', 'running')"
+_UNDECIDED_SQL = "decision IS NULL AND approval_deadline_ms IS NOT NULL"
+
+
+def _where(sql: str) -> dict[str, Any]:
+    """A partial index's predicate, on both backends."""
+    return {"postgresql_where": text(sql), "sqlite_where": text(sql)}
 
 
 class Tenant(Base):
@@ -102,8 +108,7 @@ class Task(Base):
             "tenant_id",
             "idempotency_key",
             unique=True,
-            postgresql_where=text("idempotency_key IS NOT NULL"),
-            sqlite_where=text("idempotency_key IS NOT NULL"),
+            **_where("idempotency_key IS NOT NULL"),
         ),
         Index("ix_tasks_tenant_id_id", "tenant_id", "id"),
         Index("ix_tasks_tenant_status_id", "tenant_id", "status", "id"),
@@ -113,8 +118,7 @@ class Task(Base):
         Index(
             "ix_tasks_finished_at",
             "finished_at",
-            postgresql_where=text("finished_at IS NOT NULL"),
-            sqlite_where=text("finished_at IS NOT NULL"),
+            **_where("finished_at IS NOT NULL"),
         ),
         # The dispatcher's two questions (shared.scheduling): what each tenant has waiting, in
         # the order it is admitted, and what is admitted now. Both stay as small as those sets.
@@ -123,14 +127,12 @@ class Task(Base):
             "tenant_id",
             text("priority DESC"),
             "due_ms",
-            postgresql_where=text(f"admitted_ms IS NULL AND status IN {_RUNNABLE_SQL}"),
-            sqlite_where=text(f"admitted_ms IS NULL AND status IN {_RUNNABLE_SQL}"),
+            **_where(f"admitted_ms IS NULL AND status IN {_RUNNABLE_SQL}"),
         ),
         Index(
             "ix_tasks_admitted",
             "tenant_id",
-            postgresql_where=text(f"admitted_ms IS NOT NULL AND status IN {_RUNNABLE_SQL}"),
-            sqlite_where=text(f"admitted_ms IS NOT NULL AND status IN {_RUNNABLE_SQL}"),
+            **_where(f"admitted_ms IS NOT NULL AND status IN {_RUNNABLE_SQL}"),
         ),
     )
 
@@ -225,12 +227,7 @@ class ToolCall(Base):
         UniqueConstraint("task_id", "call_id", name="uq_tool_calls_task_call"),
         # The sweeper's look for approvals past their deadline: undecided calls only, and no
         # status in it, so a call's outcome is written in place (HOT).
-        Index(
-            "ix_tool_calls_undecided",
-            "approval_deadline_ms",
-            postgresql_where=text("decision IS NULL AND approval_deadline_ms IS NOT NULL"),
-            sqlite_where=text("decision IS NULL AND approval_deadline_ms IS NOT NULL"),
-        ),
+        Index("ix_tool_calls_undecided", "approval_deadline_ms", **_where(_UNDECIDED_SQL)),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -312,8 +309,7 @@ class WebhookDelivery(Base):
         Index(
             "ix_webhook_deliveries_failed",
             "created_at",
-            postgresql_where=text("status IN ('failed', 'disabled')"),
-            sqlite_where=text("status IN ('failed', 'disabled')"),
+            **_where("status IN ('failed', 'disabled')"),
         ),
     )
 
