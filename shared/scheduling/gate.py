@@ -92,8 +92,12 @@ def open_gate(slots: int) -> None:
 
 
 def close_gate() -> None:
-    """Work waits for room (or no dispatcher leads here any more): all through the backlog."""
-    if get_settings().embedded:
+    """Work waits for room (or no dispatcher leads here any more): all through the backlog.
+    Nothing to do with direct admission off (a gate left open then closes by itself)."""
+    settings = get_settings()
+    if not settings.direct_admission:
+        return
+    if settings.embedded:
         with _local.lock:
             _local.slots = 0
         return
