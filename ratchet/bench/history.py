@@ -39,31 +39,41 @@ def _script(steps: int) -> list[dict[str, Any]]:
     return [call] * (steps - 1) + [{"content": "done"}]
 
 
-def _timed_steps(run: Callable[[], None]) -> list[tuple[float, float]]:
-    """(CPU, wall) seconds of every step ``run`` makes, in order."""
+# The steps each end is sampled from: from step 2 (step 1 leases), and the last ones but the
+# answer.
+EARLY, LATE = slice(1, 1 + SAMPLE), slice(-SAMPLE - 1, -1)
+
+
+def _each_step(run: Callable[[], None], around: Callable[..., Any]) -> None:
+    """Run ``run`` with every step going through ``around(original, *args, **kwargs)``."""
     from workers.steps import runner
 
-    timings: list[tuple[float, float]] = []
     original = runner.advance_one
+    runner.advance_one = lambda *args, **kwargs: around(original, *args, **kwargs)
+    try:
+        run()
+    finally:
+        runner.advance_one = original
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
+
+def _timed_steps(run: Callable[[], None]) -> list[tuple[float, float]]:
+    """(CPU, wall) seconds of every step ``run`` makes, in order."""
+    timings: list[tuple[float, float]] = []
+
+    def timed(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         cpu, wall = time.thread_time(), time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
             timings.append((time.thread_time() - cpu, time.perf_counter() - wall))
 
-    runner.advance_one = timed
-    try:
-        run()
-    finally:
-        runner.advance_one = original
+    _each_step(run, timed)
     return timings
 
 
 def _ends(timings: list[tuple[float, float]]) -> dict[str, float]:
     """Median CPU and wall (ms) of the early steps (from step 2) and of the last ones."""
-    early, late = timings[1 : 1 + SAMPLE], timings[-SAMPLE - 1 : -1]  # the last is the answer
+    early, late = timings[EARLY], timings[LATE]
     figures = {}
     for label, steps in (("early", early), ("late", late)):
         figures[f"{label}_cpu_ms"] = 1000 * statistics.median(c for c, _ in steps)
@@ -94,15 +104,14 @@ def _written_in_place(task_id: str) -> dict[str, float]:
 
     from ratchet.bench.checkpoint import WriteMeter
     from shared.store.db import get_engine
-    from workers.steps import runner
 
-    meter, original = WriteMeter(), runner.advance_one
+    meter = WriteMeter()
     wal: list[int] = []
     meter.install(get_engine())
     query = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"
     with psycopg.connect(libpq_url(), autocommit=True) as probe:
 
-        def metered(*args: Any, **kwargs: Any) -> Any:
+        def metered(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             (before,) = probe.execute(query).fetchone() or (0,)
             with meter.labelled(f"step{len(wal) + 1}"):
                 try:
@@ -111,18 +120,13 @@ def _written_in_place(task_id: str) -> dict[str, float]:
                     (after,) = probe.execute(query).fetchone() or (0,)
                     wal.append(int(after) - int(before))
 
-        runner.advance_one = metered
-        try:
-            _in_place(task_id)
-        finally:
-            runner.advance_one = original
+        _each_step(lambda: _in_place(task_id), metered)
     commits = [meter.commits[f"step{n}"] for n in range(1, len(wal) + 1)]
-    early, late = slice(1, 1 + SAMPLE), slice(-SAMPLE - 1, -1)  # the last is the answer
     return {
-        "early_wal_bytes": statistics.median(wal[early]),
-        "late_wal_bytes": statistics.median(wal[late]),
-        "early_write_commits": statistics.median(commits[early]),
-        "late_write_commits": statistics.median(commits[late]),
+        "early_wal_bytes": statistics.median(wal[EARLY]),
+        "late_wal_bytes": statistics.median(wal[LATE]),
+        "early_write_commits": statistics.median(commits[EARLY]),
+        "late_write_commits": statistics.median(commits[LATE]),
     }
 
 
