@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from typing import TypeVar
 
@@ -28,6 +27,7 @@ import redis
 from shared import notify
 from shared.constants import CANCELS_CHANNEL
 from shared.settings import get_settings
+from workers.step_pool import Threads
 
 log = logging.getLogger("ratchet.worker")
 T = TypeVar("T")
@@ -137,24 +137,26 @@ def call(work: Callable[[], T], *, timeout: float | None = None, name: str = "ca
     raise TimeoutError(f"{name} did not return within {timeout:g} s")
 
 
-_pools: dict[int, ThreadPoolExecutor] = {}
+_pools: dict[int, Threads] = {}
 
 
-def _calls() -> ThreadPoolExecutor:
-    """This process's call threads, made on first use (threads do not survive a fork) and
-    reused: starting a thread per call costs a step more than the call's own Python work.
-    Twice the step threads, so that calls abandoned and still running leave room for the
-    steps' own."""
+def _calls() -> Threads:
+    """This process's call threads, all started on first use (threads do not survive a
+    fork), and reused: starting a thread per call costs a step more than the call's own
+    Python work. Twice the step threads, so that calls abandoned and still running leave
+    room for the steps' own. A worker process makes them as it starts (``warm``)."""
     pool = _pools.get(os.getpid())
     if pool is None:
         with _lock:
             pool = _pools.get(os.getpid()) or _pools.setdefault(
-                os.getpid(),
-                ThreadPoolExecutor(
-                    max_workers=2 * get_settings().worker_threads, thread_name_prefix="call"
-                ),
+                os.getpid(), Threads(2 * get_settings().worker_threads, name="call")
             )
     return pool
+
+
+def warm() -> None:
+    """Start this process's call threads now rather than during its first steps."""
+    _calls()
 
 
 def _ensure_listener() -> None:

@@ -8,6 +8,11 @@ steps in flight while its prefork slot goes on taking messages. When every threa
 the hand-off waits for one to free up: the process never takes more than it can run, and the
 broker keeps the rest for other workers.
 
+The threads start with the process, before its first message: a hand-off only puts the step
+on a queue. (A pool that started a thread per hand-off, as ``ThreadPoolExecutor`` does until
+it is full, made the message's thread wait for the new one to be scheduled, and in a process
+busy with hundreds of steps that wait held up every message behind it.)
+
 A message is acknowledged once its step is handed over. If the process dies after that, the
 step's lease runs out (or, before the lease, the task's due time passes) and the sweeper sends
 the task a new message: nothing is lost, nothing is done twice (DESIGN.md §5).
@@ -17,37 +22,54 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from shared.settings import get_settings
 
 log = logging.getLogger("ratchet.worker")
 
 
+class Threads:
+    """A fixed set of daemon threads, all started at once, taking work from one queue in
+    turn. Work handed over while every thread is busy waits in the queue. (A process that
+    exits ends them: the step pool's drain lets its steps commit first.)"""
+
+    def __init__(self, threads: int, *, name: str) -> None:
+        self._work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        for number in range(threads):
+            threading.Thread(target=self._serve, name=f"{name}-{number}", daemon=True).start()
+
+    def submit(self, work: Callable[[], None]) -> None:
+        """Queue ``work`` for the next free thread; never waits."""
+        self._work.put(work)
+
+    def _serve(self) -> None:
+        while True:
+            self._work.get()()
+
+
 class StepPool:
-    """A bounded set of threads; :meth:`run` waits for a free one, then hands the work over."""
+    """A fixed set of threads, started at once; :meth:`run` waits for a free one, then hands
+    the work over."""
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self._free = threading.BoundedSemaphore(threads)
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="step")
         self._busy = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._threads = Threads(threads, name="step")
 
     def run(self, work: Callable[[], None]) -> None:
         """Start ``work`` on a free thread (waiting for one); return without waiting for it."""
         self._free.acquire()
         with self._lock:
             self._busy += 1
-        try:
-            self._executor.submit(self._guarded, work)
-        except BaseException:
-            self._done()
-            raise
+        self._threads.submit(partial(self._guarded, work))
 
     @property
     def busy(self) -> int:

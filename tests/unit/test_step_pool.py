@@ -61,3 +61,16 @@ def test_drain_waits_for_the_steps_in_flight_and_says_how_many_are_left() -> Non
     release.set()
     assert pool.drain(WAIT) == 0
     assert len(done) == 3
+
+
+def test_the_threads_start_with_the_pool_not_with_its_first_hand_offs() -> None:
+    before = {t.ident for t in threading.enumerate()}
+    pool = StepPool(5)
+    started = [t for t in threading.enumerate() if t.ident not in before]
+    assert len(started) == 5  # a hand-off never waits for a thread to be started
+    assert all(t.name.startswith("step-") for t in started)
+    ran = threading.Event()
+    pool.run(ran.set)
+    assert ran.wait(WAIT)
+    assert {t.ident for t in threading.enumerate()} - before == {t.ident for t in started}
+    assert pool.drain(WAIT) == 0

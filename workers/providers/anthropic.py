@@ -15,6 +15,7 @@ from workers.providers.base import (
     Sharded,
     ToolCallRequest,
     classify_error,
+    tls_context,
 )
 
 PASSED_OPTIONS = ("temperature", "top_p", "top_k", "stop_sequences", "tool_choice")
@@ -88,6 +89,7 @@ class AnthropicProvider:
             base_url=settings.anthropic_base_url,
             timeout=settings.model_timeout_seconds,
             max_retries=0,
+            http_client=anthropic.DefaultHttpxClient(verify=tls_context()),
         )
 
     def complete(self, request: ModelRequest) -> ModelResponse:

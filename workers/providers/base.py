@@ -11,11 +11,15 @@ import email.utils
 import itertools
 import json
 import math
+import os
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
+
+import httpx
 
 from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
 
@@ -48,6 +52,21 @@ class Sharded(Generic[Client]):
                 if client is None:
                     client = self._shards[index] = self._make()
         return client
+
+
+_tls: dict[int, ssl.SSLContext] = {}  # by process id
+_tls_lock = threading.Lock()
+
+
+def tls_context() -> ssl.SSLContext:
+    """This process's TLS context (httpx's defaults), shared by every SDK client it makes.
+    Building one loads the CA bundle (some 20 ms of CPU): once a process, not once a
+    client. A forked child builds its own rather than use its parent's."""
+    with _tls_lock:
+        context = _tls.get(os.getpid())
+        if context is None:
+            context = _tls[os.getpid()] = httpx.create_ssl_context()
+        return context
 
 
 @dataclass(frozen=True)

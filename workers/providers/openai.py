@@ -23,6 +23,7 @@ from workers.providers.base import (
     ToolCallRequest,
     classify_error,
     parse_arguments,
+    tls_context,
 )
 
 PASSED_OPTIONS = (
@@ -103,6 +104,7 @@ class OpenAIProvider:
             base_url=settings.openai_base_url,
             timeout=settings.model_timeout_seconds,
             max_retries=0,
+            http_client=openai.DefaultHttpxClient(verify=tls_context()),
         )
 
     def complete(self, request: ModelRequest) -> ModelResponse:
