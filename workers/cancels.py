@@ -141,7 +141,7 @@ _pools: dict[int, Threads] = {}
 
 
 def _calls() -> Threads:
-    """This process's call threads, all started on first use (threads do not survive a
+    """This process's call threads, started on first use (threads do not survive a
     fork), and reused: starting a thread per call costs a step more than the call's own
     Python work. Twice the step threads, so that calls abandoned and still running leave
     room for the steps' own. A worker process makes them as it starts (``warm``)."""

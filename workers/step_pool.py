@@ -8,8 +8,8 @@ steps in flight while its prefork slot goes on taking messages. When every threa
 the hand-off waits for one to free up: the process never takes more than it can run, and the
 broker keeps the rest for other workers.
 
-The threads start with the process, before its first message: a hand-off only puts the step
-on a queue. (A pool that started a thread per hand-off, as ``ThreadPoolExecutor`` does until
+The threads start with the process, alongside its first messages: a hand-off only puts the
+step on a queue. (A pool that started a thread per hand-off, as ``ThreadPoolExecutor`` does until
 it is full, made the message's thread wait for the new one to be scheduled, and in a process
 busy with hundreds of steps that wait held up every message behind it.)
 
@@ -34,14 +34,25 @@ log = logging.getLogger("ratchet.worker")
 
 
 class Threads:
-    """A fixed set of daemon threads, all started at once, taking work from one queue in
-    turn. Work handed over while every thread is busy waits in the queue. (A process that
-    exits ends them: the step pool's drain lets its steps commit first.)"""
+    """A fixed set of daemon threads taking work from one queue in turn. Work handed over
+    while every thread is busy waits in the queue. (A process that exits ends them: the step
+    pool's drain lets its steps commit first.)
+
+    A thread of their own starts them, one after the other (hundreds take a good part of a
+    second): the process goes on meanwhile, and work handed over early waits in the queue
+    for the first of them. ``started`` is set once all run."""
 
     def __init__(self, threads: int, *, name: str) -> None:
         self._work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.started = threading.Event()
+        threading.Thread(
+            target=self._start, args=(threads, name), name=f"{name}-starter", daemon=True
+        ).start()
+
+    def _start(self, threads: int, name: str) -> None:
         for number in range(threads):
             threading.Thread(target=self._serve, name=f"{name}-{number}", daemon=True).start()
+        self.started.set()
 
     def submit(self, work: Callable[[], None]) -> None:
         """Queue ``work`` for the next free thread; never waits."""
@@ -53,7 +64,7 @@ class Threads:
 
 
 class StepPool:
-    """A fixed set of threads, started at once; :meth:`run` waits for a free one, then hands
+    """A fixed set of threads, started with it; :meth:`run` waits for a free one, then hands
     the work over."""
 
     def __init__(self, threads: int) -> None:

@@ -33,7 +33,13 @@ from ratchet.bench.common import (
     host,
     summary,
 )
-from ratchet.bench.processes import Child, free_port, wait_ok
+from ratchet.bench.processes import (
+    Child,
+    free_port,
+    machine_busy_seconds,
+    tree_cpu_seconds,
+    wait_ok,
+)
 from ratchet.bench.sampler import Sampler, pg_port
 
 # The limiter stays on (every call passes its buckets) but can never say "wait", whatever
@@ -190,6 +196,7 @@ class CapacityRun:
     series: dict[str, list[float]]
     missed_samples: int
     host: dict[str, Any]
+    cpu: dict[str, float]  # seconds over the run: the worker's tree, the API, the machine
 
 
 def _stats_of(values: list[float]) -> dict[str, float | None]:
@@ -240,6 +247,7 @@ def _capacity_report(run: CapacityRun) -> dict[str, Any]:
         "peak_in_flight": stub["peak"],
         "sampled_in_flight": _stats_of(run.series["in_flight"]),
         **_pg_figures(run.series),
+        **_cpu_figures(run.cpu, calls=stub["calls"], wall=wall),
         "worker_rss_mb_max": round(max(run.series["rss_mb"], default=0.0), 1),
         "worker_processes_max": max(run.series["processes"], default=0),
         "samples": len(run.series["rss_mb"]),
@@ -249,20 +257,43 @@ def _capacity_report(run: CapacityRun) -> dict[str, Any]:
     }
 
 
+def _cpu_now(worker: Child, api: Child) -> dict[str, float]:
+    return {
+        "worker": tree_cpu_seconds(worker.pid),
+        "api": tree_cpu_seconds(api.pid),
+        "machine": machine_busy_seconds(),
+    }
+
+
+def _cpu_figures(cpu: dict[str, float], *, calls: int, wall: float) -> dict[str, Any]:
+    """Where the run's CPU went: the worker host's per model call (what sizes a fleet),
+    the API's, and how busy the machine's cores were (a saturated machine is the limit)."""
+    cores = os.cpu_count() or 1
+    return {
+        "worker_cpu_seconds": round(cpu["worker"], 2),
+        "worker_cpu_ms_per_model_call": round(1000 * cpu["worker"] / calls, 2) if calls else None,
+        "api_cpu_seconds": round(cpu["api"], 2),
+        "machine_busy_share": round(cpu["machine"] / (wall * cores), 2) if wall else None,
+    }
+
+
 def _measure_capacity(
-    url: str, key: str, *, worker: Child, stub_url: str, scenario: Scenario
+    url: str, key: str, *, stack: tuple[Child, Child], stub_url: str, scenario: Scenario
 ) -> CapacityRun:
     """Submit every task, sample while they run, wait until all are terminal (or the
     deadline), then read the provider's counters."""
+    api, worker = stack
     _warm_up(url, key, worker=worker, timeout=60 + 5 * scenario.ideal_s)
     httpx.post(f"{stub_url}/stats/reset")
     machine = host()
     sampler = Sampler(stub_url=stub_url, worker_pid=worker.pid, pg_port=pg_port())
     with sampler:
+        cpu = _cpu_now(worker, api)
         submitted = _submit_all(url, key, tasks=scenario.tasks, submitters=scenario.submitters)
         deadline = submitted.started + scenario.timeout_factor * scenario.ideal_s
         statuses, last = _wait_terminal(submitted.ids, deadline=deadline)
         stub = httpx.get(f"{stub_url}/stats").json()
+        cpu = {name: value - cpu[name] for name, value in _cpu_now(worker, api).items()}
     return CapacityRun(
         scenario=scenario,
         submitted=submitted,
@@ -273,14 +304,15 @@ def _measure_capacity(
         series=sampler.series,
         missed_samples=sampler.missed,
         host=machine,
+        cpu=cpu,
     )
 
 
 def _start_stack(
     stack: ExitStack, scenario: Scenario, *, env: dict[str, str]
-) -> tuple[str, str, Child]:
+) -> tuple[str, str, tuple[Child, Child]]:
     """The stub model, one API process and one worker with the product's defaults; returns
-    the stub's URL, the API's URL and the worker once the first two answer."""
+    the stub's URL, the API's URL, and the API and the worker, once the first two answer."""
     stub_port, api_port = free_port(), free_port()
     env = {**env, "RATCHET_OPENAI_BASE_URL": f"http://127.0.0.1:{stub_port}/v1"}
     stub = stack.enter_context(
@@ -296,7 +328,7 @@ def _start_stack(
     stub_url, api_url = f"http://127.0.0.1:{stub_port}", f"http://127.0.0.1:{api_port}"
     wait_ok(f"{stub_url}/stats", stub)
     wait_ok(f"{api_url}/readyz", api)
-    return stub_url, api_url, worker
+    return stub_url, api_url, (api, worker)
 
 
 def capacity(
@@ -320,8 +352,8 @@ def capacity(
     tenant_id, key = bench_key()
     try:
         with ExitStack() as stack:
-            stub_url, url, worker = _start_stack(stack, scenario, env=env)
-            run = _measure_capacity(url, key, worker=worker, stub_url=stub_url, scenario=scenario)
+            stub_url, url, children = _start_stack(stack, scenario, env=env)
+            run = _measure_capacity(url, key, stack=children, stub_url=stub_url, scenario=scenario)
     finally:
         drop_tenant(tenant_id)
         drop_queue(queue)

@@ -98,10 +98,19 @@ class PostingAgent:
     answer was committed.
     """
 
-    def __init__(self, receiver: WebhookReceiver, *, tool_steps: int, delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        receiver: WebhookReceiver,
+        *,
+        tool_steps: int,
+        delay: float = 0.0,
+        hold_answers: threading.Event | None = None,
+    ) -> None:
         self.receiver = receiver
         self.tool_steps = tool_steps
         self.delay = delay
+        # Final answers wait for this (if given), so that no task can end before it is set.
+        self.hold_answers = hold_answers
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._asked: list[Asked] = []
@@ -124,6 +133,8 @@ class PostingAgent:
             }
             reply = Completion(calls=(Call("http_request", arguments, id=f"call-{reply_id}"),))
         else:
+            if self.hold_answers is not None:
+                self.hold_answers.wait(HOLD_LIMIT_SECONDS)  # bounded: a failure, not a hang
             reply = answer(f"{label} done; reply {reply_id}")
         return stall(self.delay, reply) if self.delay else reply
 
@@ -349,10 +360,19 @@ class Killer:
     """Kills a random worker (SIGKILL to its whole process group) every ``every`` seconds,
     starting a replacement each time, ``limit`` times or until stopped."""
 
-    def __init__(self, fleet: Stack, *, every: float, limit: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        fleet: Stack,
+        *,
+        every: float,
+        limit: int,
+        seed: int = 0,
+        done: threading.Event | None = None,
+    ) -> None:
         self.fleet = fleet
         self.every = every
         self.limit = limit
+        self.done = done or threading.Event()  # set once the last kill's replacement started
         self.kills: list[float] = []  # time.monotonic() of each kill
         self.error: BaseException | None = None
         self._random = random.Random(seed)
@@ -372,6 +392,8 @@ class Killer:
                 self.fleet.start_worker()
         except BaseException as exc:  # reported by the test, not lost in a thread
             self.error = exc
+        finally:
+            self.done.set()
 
     def _since_last_kill(self) -> float:
         return time.monotonic() - self.kills[-1] if self.kills else 0.0
@@ -405,6 +427,9 @@ def attempts_outlasting(kills: int) -> int:
 
 CHAOS_TASKS = 50
 CHAOS_TOOL_STEPS = 5
+# How long a held final answer waits for the killer at most (its worker's model timeout is
+# longer): past it the run goes on, and the test fails on its count of kills, not a hang.
+HOLD_LIMIT_SECONDS = 150.0
 # Each kill costs the fleet a worker's start and its processes' first, cold steps: the number
 # of kills, more than the work, sets how long the run takes.
 CHAOS_KILLS = 10
@@ -413,24 +438,32 @@ CHAOS_KILLS = 10
 def test_chaos_kills_lose_no_task_and_repeat_no_side_effect(
     stack: StackFactory, tenant: TenantHandle
 ) -> None:
+    # Every kill lands while tasks run: their final answers wait until the killer is done
+    # (the run once outpaced it, when a worker's start got cheaper, and half the kills
+    # landed on a fleet with nothing left to do). Kills so land in every part of a step, and,
+    # at the end, in model calls waiting for their answers.
+    kills_done = threading.Event()
     with WebhookReceiver(delay=0.1) as receiver:
-        agent = PostingAgent(receiver, tool_steps=CHAOS_TOOL_STEPS, delay=0.03)
+        agent = PostingAgent(
+            receiver, tool_steps=CHAOS_TOOL_STEPS, delay=0.03, hold_answers=kills_done
+        )
         with OpenAIServer(responder=agent) as llm:
             # Each sweep re-sends every task overdue by the grace, lost or merely queued behind
             # the backlog; a longer grace re-sends fewer needlessly, and a dead worker's step,
             # long overdue, is still re-sent as soon as its lease ends.
             env = {**FAST, **model_env(llm), "RATCHET_SWEEP_GRACE_SECONDS": "3"}
+            env["RATCHET_MODEL_TIMEOUT_SECONDS"] = str(HOLD_LIMIT_SECONDS + 30)
             env["RATCHET_MAX_STEP_ATTEMPTS"] = str(attempts_outlasting(CHAOS_KILLS))
             fleet = stack(workers=3, concurrency=2, env=env)
             with fleet.client(headers=tenant.headers) as http:
                 bodies = {f"c{n}": posting_task(f"c{n}") for n in range(CHAOS_TASKS)}
                 labels = submit_all(http, bodies)
-                with Killer(fleet, every=2.0, limit=CHAOS_KILLS) as killer:
-                    tasks = wait_all(http, None, labels, timeout=100)
+                with Killer(fleet, every=2.0, limit=CHAOS_KILLS, done=kills_done) as killer:
+                    tasks = wait_all(http, None, labels, timeout=HOLD_LIMIT_SECONDS + 60)
                 timelines = {task_id: timeline(http, task_id) for task_id in labels}
             undelivered = llm.undelivered
 
-    assert len(killer.kills) >= CHAOS_KILLS // 2, killer.kills
+    assert len(killer.kills) == CHAOS_KILLS, killer.kills
     check_chaos_run(
         tasks,
         labels,

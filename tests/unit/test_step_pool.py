@@ -66,11 +66,14 @@ def test_drain_waits_for_the_steps_in_flight_and_says_how_many_are_left() -> Non
 def test_the_threads_start_with_the_pool_not_with_its_first_hand_offs() -> None:
     before = {t.ident for t in threading.enumerate()}
     pool = StepPool(5)
-    started = [t for t in threading.enumerate() if t.ident not in before]
+    assert pool._threads.started.wait(WAIT)  # started by a thread of their own, at once
+    started = [
+        t for t in threading.enumerate() if t.ident not in before and t.name.startswith("step-")
+    ]
     assert len(started) == 5  # a hand-off never waits for a thread to be started
-    assert all(t.name.startswith("step-") for t in started)
     ran = threading.Event()
     pool.run(ran.set)
     assert ran.wait(WAIT)
-    assert {t.ident for t in threading.enumerate()} - before == {t.ident for t in started}
+    now = {t.ident for t in threading.enumerate() if t.name.startswith("step-")}
+    assert now - before == {t.ident for t in started}  # the hand-off started none
     assert pool.drain(WAIT) == 0
