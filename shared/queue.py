@@ -26,6 +26,16 @@ log = logging.getLogger("ratchet.queue")
 SENT_AT_HEADER = "ratchet_sent_ms"
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def redis_broker_url(settings: Settings | None = None) -> str | None:
+    """The broker's URL when the broker is Redis (which can be looked into: its queues are
+    lists, and other keys may sit beside them), else None."""
+    url = (settings or get_settings()).effective_broker_url
+    return url if url.startswith(REDIS_SCHEMES) else None
+
+
 def configure(app: Celery, settings: Settings) -> None:
     app.conf.update(
         broker_url=settings.effective_broker_url,
@@ -127,8 +137,8 @@ def oldest_waiting_ms(queue: str) -> int | None:
     a backlog would feed itself. Anything unexpected turns the check off (None): then the
     sweeper goes by the clock alone, as it would with another broker.
     """
-    url = get_settings().effective_broker_url
-    if not url.startswith(("redis://", "rediss://")):
+    url = redis_broker_url()
+    if url is None:
         return None
     try:
         raw = cast(bytes | None, _broker(url).lindex(queue, -1))

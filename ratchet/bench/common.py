@@ -122,10 +122,10 @@ def drop_queue(name: str) -> None:
     behind would otherwise stay in Redis with nobody to take them."""
     import redis
 
-    from shared.settings import get_settings
+    from shared.queue import redis_broker_url
 
-    url = get_settings().effective_broker_url
-    if not url.startswith(("redis://", "rediss://")):
+    url = redis_broker_url()
+    if url is None:
         return
     client = redis.Redis.from_url(url)
     keys = [*client.scan_iter(f"{name}*"), *client.scan_iter(f"_kombu.binding.{name}*")]

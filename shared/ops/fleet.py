@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from shared.constants import LAST_SWEEP_PREFIX, WORKER_PREFIX, WORKERS_PREFIX
 from shared.errors import RatchetError
-from shared.queue import get_celery, oldest_waiting_ms, webhook_queue
+from shared.queue import get_celery, oldest_waiting_ms, redis_broker_url, webhook_queue
 from shared.settings import get_settings
 from shared.store.db import now_ms
 from shared.store.tables import Task, TaskStatus
@@ -260,14 +260,15 @@ def get_fleet() -> Fleet:
     settings = get_settings()
     if settings.embedded:
         return _local
-    return _redis_fleet(settings.redis_url, settings.effective_broker_url, settings.queue_name)
+    return _redis_fleet(settings.redis_url, redis_broker_url(settings), settings.queue_name)
 
 
 @lru_cache
-def _redis_fleet(redis_url: str, broker_url: str, name: str) -> RedisFleet:
+def _redis_fleet(redis_url: str, broker_url: str | None, name: str) -> RedisFleet:
+    """``broker_url``: the broker's, when it is Redis (its queues' depths are read there)."""
     client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     broker = None
-    if broker_url.startswith(("redis://", "rediss://", "unix://")):
+    if broker_url is not None:
         broker = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
     return RedisFleet(client, broker=broker, name=name)
 

@@ -32,6 +32,7 @@ from typing import Any
 import redis
 
 from shared.constants import DISPATCH_GATE_PREFIX
+from shared.queue import redis_broker_url
 from shared.settings import get_settings
 
 log = logging.getLogger("ratchet.dispatch")
@@ -68,11 +69,6 @@ def _key() -> str:
     return DISPATCH_GATE_PREFIX + get_settings().queue_name
 
 
-def _redis_url() -> str | None:
-    url = get_settings().effective_broker_url
-    return url if url.startswith(("redis://", "rediss://", "unix://")) else None
-
-
 def open_gate(slots: int) -> None:
     """A round left nothing due waiting, and ``slots`` to spare: let so many in directly."""
     settings = get_settings()
@@ -83,7 +79,7 @@ def open_gate(slots: int) -> None:
         with _local.lock:
             _local.slots, _local.until = slots, time.monotonic() + GATE_SECONDS
         return
-    url = _redis_url()
+    url = redis_broker_url()
     if url is not None:
         try:
             _broker(url)[0].set(_key(), slots, px=int(GATE_SECONDS * 1000))
@@ -101,7 +97,7 @@ def close_gate() -> None:
         with _local.lock:
             _local.slots = 0
         return
-    url = _redis_url()
+    url = redis_broker_url()
     if url is not None:
         try:
             _broker(url)[0].delete(_key())
@@ -121,7 +117,7 @@ def take_slot() -> bool:
                 return False
             _local.slots -= 1
             return True
-    url = _redis_url()
+    url = redis_broker_url()
     if url is None:
         return False
     client, script = _broker(url)
