@@ -3,11 +3,17 @@
 Postgres stays the source of truth: a wake-up only says "look again", so a lost one costs a
 reader its fallback poll interval, nothing more. In production it is a Redis PUBLISH; in the
 embedded default, a call to listeners in the same process.
+
+The PUBLISHes go out from a thread of each process's own, as many as have gathered in one
+pipeline: a step's commit hands its wake-up over and goes on, rather than wait a round trip
+to Redis for each (three a tool step, about a tenth of a step's CPU when each took its own).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import queue
 import threading
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -22,6 +28,7 @@ Listener = Callable[[str], None]
 _listeners: set[Listener] = set()
 _cancel_listeners: set[Listener] = set()
 _lock = threading.Lock()
+BATCH_MAX = 500  # wake-ups in one pipeline, at most
 
 
 def channel(task_id: str) -> str:
@@ -43,8 +50,51 @@ def remove_listener(listener: Listener) -> None:
         _listeners.discard(listener)
 
 
+class Publisher:
+    """A process's wake-ups to Redis, sent from a thread of their own in pipelines."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._pending: queue.SimpleQueue[str] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="ratchet-wake-ups", daemon=True).start()
+
+    def put(self, task_id: str) -> None:
+        self._pending.put(task_id)
+
+    def _run(self) -> None:
+        while True:
+            gathered = {self._pending.get()}  # a task named twice is woken once
+            while len(gathered) < BATCH_MAX:
+                try:
+                    gathered.add(self._pending.get_nowait())
+                except queue.Empty:
+                    break
+            self.send(gathered)
+
+    def send(self, task_ids: Iterable[str]) -> None:
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for task_id in task_ids:
+                    pipe.publish(channel(task_id), "1")
+                pipe.execute()
+        except redis.RedisError:
+            log.debug("event wake-ups not published", exc_info=True)
+
+
+_publishers: dict[tuple[int, str], Publisher] = {}  # by process (threads die in a fork), URL
+
+
+def _publisher(url: str) -> Publisher:
+    key = (os.getpid(), url)
+    publisher = _publishers.get(key)
+    if publisher is None:
+        with _lock:
+            publisher = _publishers.get(key) or _publishers.setdefault(key, Publisher(_client(url)))
+    return publisher
+
+
 def publish(task_ids: Iterable[str]) -> None:
-    """Tell readers these tasks have new events. Never raises."""
+    """Tell readers these tasks have new events (sent in the background). Never raises."""
     settings = get_settings()
     with _lock:
         local = list(_listeners)
@@ -52,10 +102,7 @@ def publish(task_ids: Iterable[str]) -> None:
         for listener in local:
             listener(task_id)
         if not settings.embedded:
-            try:
-                _client(settings.redis_url).publish(channel(task_id), "1")
-            except redis.RedisError:
-                log.debug("event wake-up not published", exc_info=True)
+            _publisher(settings.redis_url).put(task_id)
 
 
 def add_cancel_listener(listener: Listener) -> None:

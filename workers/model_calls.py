@@ -146,9 +146,8 @@ def limited_call(
     metrics.model_tokens.labels(model=model, kind="input").inc(response.input_tokens)
     metrics.model_tokens.labels(model=model, kind="output").inc(response.output_tokens)
     used = response.input_tokens + response.output_tokens
-    for take in takes:
-        if take.bucket.scope.endswith(":tokens"):
-            _safely(lambda take=take: get_limiter().adjust(take, used - take.cost))
+    changes = [(take, used - take.cost) for take in takes if take.bucket.scope.endswith(":tokens")]
+    _safely(lambda: get_limiter().adjust(changes))
     return response
 
 
@@ -211,9 +210,8 @@ def wait_for_capacity(takes: list[Take], model: str) -> None:
 
 
 def _refund(takes: list[Take]) -> None:
-    for take in takes:
-        if take.bucket.scope.endswith(":tokens"):
-            _safely(lambda take=take: get_limiter().adjust(take, -take.cost))
+    changes = [(take, -take.cost) for take in takes if take.bucket.scope.endswith(":tokens")]
+    _safely(lambda: get_limiter().adjust(changes))
 
 
 def _safely(action: Any) -> None:

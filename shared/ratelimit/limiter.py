@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Any, cast
 
 import redis
+from redis.exceptions import NoScriptError
 
 from shared.constants import RATE_LIMIT_PREFIX
 from shared.ratelimit.buckets import (
@@ -174,14 +175,29 @@ class RedisLimiter:
         with contextlib.suppress(redis.RedisError):  # statistics only: decisions are made in Redis
             pipe.execute()
 
-    def adjust(self, take: Take, delta: float) -> None:
-        if delta == 0:
+    def adjust(self, changes: Sequence[tuple[Take, float]]) -> None:
+        """Take ``delta`` more from each take's bucket (give back, if negative): the real use
+        of a call against its estimate. All in one round trip."""
+        changes = [(take, delta) for take, delta in changes if delta != 0]
+        if not changes:
             return
-        bucket = take.bucket
         try:
-            self._adjust(keys=[bucket.key], args=[bucket.per_ms, bucket.burst, delta])
+            try:
+                self._adjust_all(changes)
+            except NoScriptError:  # the server lost its scripts (a restart, a flush)
+                self.client.script_load(ADJUST)
+                self._adjust_all(changes)
         except redis.RedisError as exc:
             raise LimiterUnavailable(f"rate limiter unavailable: {exc}") from exc
+
+    def _adjust_all(self, changes: Sequence[tuple[Take, float]]) -> None:
+        # By hash in a plain pipeline: a Script object in one would first ask the server
+        # whether it has the script, a round trip more than the adjustments save.
+        with self.client.pipeline(transaction=False) as pipe:
+            for take, delta in changes:
+                bucket = take.bucket
+                pipe.evalsha(self._adjust.sha, 1, bucket.key, bucket.per_ms, bucket.burst, delta)
+            pipe.execute()
 
     def block(self, scope: str, seconds: float) -> None:
         """Stop every worker from calling ``scope`` for ``seconds`` (a provider's Retry-After)."""

@@ -55,11 +55,12 @@ class LocalLimiter:
                 self._count("allowed", take.bucket.scope)
         return Decision(True)
 
-    def adjust(self, take: Take, delta: float) -> None:
+    def adjust(self, changes: Sequence[tuple[Take, float]]) -> None:
         now = time.monotonic() * 1000
         with self._lock:
-            level = self._level(take.bucket, now) - delta
-            self._levels[take.bucket.scope] = (min(take.bucket.burst, level), now)
+            for take, delta in changes:
+                level = self._level(take.bucket, now) - delta
+                self._levels[take.bucket.scope] = (min(take.bucket.burst, level), now)
 
     def block(self, scope: str, seconds: float) -> None:
         with self._lock:

@@ -129,8 +129,16 @@ def test_corrections_and_blocks(limiter: RedisLimiter) -> None:
     bucket = Bucket(f"tokens:{uuid.uuid4().hex}", rate=10_000, period_s=36_000)
     take = Take(bucket, 1000)
     assert limiter.acquire([take]).allowed
-    limiter.adjust(take, 150 - 1000)  # the call used 150, not the 1000 estimated
+    limiter.adjust([(take, 150 - 1000)])  # the call used 150, not the 1000 estimated
     assert level(limiter, bucket) == pytest.approx(10_000 - 150, abs=5)
+    other = Take(Bucket(f"tokens:{uuid.uuid4().hex}", rate=10_000, period_s=36_000), 1000)
+    assert limiter.acquire([other]).allowed
+    limiter.adjust([(take, 50), (other, -400), (take, 0)])  # several buckets in one trip
+    assert level(limiter, bucket) == pytest.approx(10_000 - 200, abs=5)
+    assert level(limiter, other.bucket) == pytest.approx(10_000 - 600, abs=5)
+    limiter.client.script_flush()  # a server that lost its scripts (restarted, flushed)
+    limiter.adjust([(other, 100)])
+    assert level(limiter, other.bucket) == pytest.approx(10_000 - 700, abs=5)
 
     scope = f"openai:{uuid.uuid4().hex}"
     limiter.block(scope, 0.5)

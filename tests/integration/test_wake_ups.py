@@ -1,0 +1,59 @@
+"""Event wake-ups on real Redis: a commit hands its wake-up to the process's publisher and
+goes on; every task named reaches a subscriber, from many threads at once, and a Redis that
+is down loses wake-ups (readers poll) without raising into the step."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from shared import notify
+from shared.settings import get_settings
+
+WAIT = 30.0  # a bound for the test to fail rather than hang
+
+
+def _subscribed(url: str, pattern: str) -> redis.client.PubSub:
+    """A subscription to ``pattern``, in place before this returns."""
+    pubsub = redis.Redis.from_url(url).pubsub()
+    pubsub.psubscribe(pattern)
+    confirmed = pubsub.get_message(timeout=5)
+    assert confirmed is not None
+    assert confirmed["type"] == "psubscribe", confirmed
+    return pubsub
+
+
+def test_every_task_named_from_many_threads_is_woken(service_env: dict[str, str]) -> None:
+    prefix = f"wake-{time.monotonic_ns()}-"
+    pubsub = _subscribed(get_settings().redis_url, notify.channel(prefix) + "*")
+    names = [f"{prefix}{n}" for n in range(400)]
+
+    def commit(part: list[str]) -> None:
+        for task_id in part:
+            notify.publish([task_id])
+
+    threads = [threading.Thread(target=commit, args=(names[i::8],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+
+    woken: set[str] = set()
+    deadline = time.monotonic() + WAIT
+    while woken != set(names) and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=1)
+        if message is not None:
+            woken.add(message["channel"].decode().removeprefix(notify.channel("")))
+    pubsub.close()
+    assert woken == set(names)
+
+
+def test_a_redis_that_is_down_loses_wake_ups_without_raising() -> None:
+    publisher = notify.Publisher(redis.Redis.from_url("redis://127.0.0.1:1/0"))
+    started = time.monotonic()
+    for n in range(50):
+        publisher.put(f"nobody-{n}")  # handed over: the caller never waits for Redis
+    publisher.send(["nobody"])  # what its thread does: the error is logged, not raised
+    assert time.monotonic() - started < WAIT
