@@ -20,11 +20,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import (
     DataError,
     DBAPIError,
+    DisconnectionError,
     IntegrityError,
     InterfaceError,
     OperationalError,
     ProgrammingError,
 )
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
 from shared.failpoints import InjectedFault
@@ -224,6 +226,9 @@ def db_error(
         (db_error(DBAPIError, invalidated=True), True),
         (RedisConnectionError("down"), True),
         (TimeoutError(), True),
+        # Every connection of the pool busy past its wait (a busy process, not a bad step).
+        (PoolTimeout("QueuePool limit of size 6 overflow 1 reached"), True),
+        (DisconnectionError("connection was invalidated"), True),
         (OSError("no route to host"), True),
         (LimiterUnavailable("redis is away"), True),
         (ValueError("bad value"), False),

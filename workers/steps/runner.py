@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from redis.exceptions import RedisError
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from shared import failpoints
 from shared.errors import LeaseLost
@@ -220,11 +221,13 @@ def give_up_or_fail(ctx: Context, exc: Exception) -> StepOutcome:
 
 
 def transient(exc: Exception) -> bool:
-    """Whether another try may go otherwise: the database or Redis out of reach, a timeout.
+    """Whether another try may go otherwise: the database or Redis out of reach, a timeout
+    (the connection pool's too: every connection of the process busy for its whole wait).
     Anything else (a value out of range, a constraint, a bug) fails the same way each time."""
     if isinstance(exc, DBAPIError):
         return session_ended(exc) or isinstance(exc, OperationalError | InterfaceError)
-    return isinstance(exc, RedisError | OSError | TimeoutError | LimiterUnavailable)
+    away = RedisError | OSError | TimeoutError | PoolTimeout | DisconnectionError
+    return isinstance(exc, away | LimiterUnavailable)
 
 
 def fail_on_error(ctx: Context, exc: Exception) -> StepOutcome:
