@@ -188,6 +188,8 @@ def _task(login: Login, task_id: str) -> dict[str, Any]:
         "events": events,
         "deliveries": [(d, attempts.get(d.id, [])) for d in deliveries],
         "terminal": task.status in TaskStatus.TERMINAL,
+        "step_status": checkpoints.status,  # derived, not stored (nor is a call's key)
+        "call_key": ledger.idempotency_key,
     }
 
 

@@ -357,7 +357,7 @@ def list_steps(
 def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:
     return StepOut(
         number=step.number,
-        status=step.status,
+        status=checkpoints.status(step),
         model=step.response,
         usage=Usage(
             input_tokens=step.input_tokens, output_tokens=step.output_tokens, cost_usd=step.cost_usd
@@ -375,7 +375,7 @@ def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:
                 status=c.status,
                 result=c.result,
                 error=c.error,
-                idempotency_key=c.idempotency_key,
+                idempotency_key=ledger.idempotency_key(c.task_id, c.call_id),
                 runs=c.runs,
                 started_at=aware(c.started_at),
                 finished_at=aware(c.finished_at),

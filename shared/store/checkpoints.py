@@ -69,7 +69,6 @@ def model_response(lease: Lease, call: ModelCall, *, final: bool = False) -> Add
         {
             "task_id": lease.task_id,
             "number": lease.step,
-            "status": COMPLETED if final else MODEL_RESPONDED,
             "response": call.response,
             "input_tokens": call.input_tokens,
             "output_tokens": call.output_tokens,
@@ -84,5 +83,13 @@ def model_response(lease: Lease, call: ModelCall, *, final: bool = False) -> Add
 
 
 def completion(lease: Lease) -> Change:
-    """``lease.step`` is complete (its tools have all run), written with a fenced write."""
-    return Change(_STEPS, {"number": lease.step}, {"status": COMPLETED, "completed_at": utcnow()})
+    """``lease.step`` is complete (its tools have all run), written with a fenced write. It
+    sets the row's last column alone, so PostgreSQL logs little more than that column of the
+    row's new version (the rest is the old version's, byte for byte)."""
+    return Change(_STEPS, {"number": lease.step}, {"completed_at": utcnow()})
+
+
+def status(step: Step) -> str:
+    """``completed`` once its tools have all run (a final answer's step at once), else
+    ``model_responded``: the completion time says it, so no status is stored."""
+    return COMPLETED if step.completed_at is not None else MODEL_RESPONDED

@@ -31,6 +31,7 @@ def call_id(step: int, position: int) -> str:
 
 
 def idempotency_key(task_id: str, call_id: str) -> str:
+    """The call's key, the same on every run of it: not stored, it is its row's own key."""
     return f"{task_id}:{call_id}"
 
 
@@ -65,7 +66,6 @@ def started(
             "tool": tool,
             "arguments": arguments,
             "status": STARTED,
-            "idempotency_key": idempotency_key(lease.task_id, call_id),
             "runs": 1,
             "lease_epoch": lease.epoch,
             "started_at": utcnow(),

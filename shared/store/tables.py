@@ -199,7 +199,8 @@ def runnable() -> ColumnElement[bool]:
 
 
 class Step(Base):
-    """One step's checkpoint: the model's response, written once, before any tool runs."""
+    """One step's checkpoint: the model's response, written once, before any tool runs; its
+    completion sets only its last column (see ``checkpoints.status``)."""
 
     __tablename__ = "steps"
 
@@ -207,7 +208,6 @@ class Step(Base):
         ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
     )
     number: Mapped[int] = mapped_column(Integer, primary_key=True)
-    status: Mapped[str] = mapped_column(String(32))
     response: Mapped[dict[str, Any]]
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -241,7 +241,6 @@ class ToolCall(Base):
     status: Mapped[str] = mapped_column(String(16))
     result: Mapped[Any | None] = mapped_column(JSONType)
     error: Mapped[str | None] = mapped_column(Text)
-    idempotency_key: Mapped[str] = mapped_column(String(200))
     runs: Mapped[int] = mapped_column(default=1)
     lease_epoch: Mapped[int] = mapped_column(BigInteger)
     started_at: Mapped[datetime]

@@ -88,10 +88,13 @@ def write(
     now = utcnow()
     changes: dict[str, Any] = {
         "lease_expires_ms": FromNow(lease.ttl_ms),
-        "updated_at": now,
         "last_event_seq": Increment(len(events)),
-        **change.values,
     }
+    if change.values or events:
+        # A write that only fences its rows (a tool call's start) changes none of the columns
+        # a Task document shows: it leaves ``updated_at``, and so the row's middle, as it was.
+        changes["updated_at"] = now
+    changes |= change.values
     shape = shape_of(changes)
     fenced = Batch(
         fence=_write_statement(shape, honour_cancel=honour_cancel),

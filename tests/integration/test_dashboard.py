@@ -331,7 +331,11 @@ def test_the_approvals_queue_shows_waiting_calls_and_decides_them(
     assert "approve recorded" in done.text
     assert status_of(task_id) == "running"
     assert drive(task_id) == "succeeded"
-    assert "approved by key:" in client.get(f"/dashboard/tasks/{task_id}").text
+    page = client.get(f"/dashboard/tasks/{task_id}").text
+    assert "approved by key:" in page
+    # Neither is stored: the step's state comes from its completion, the key from the call.
+    assert page.count('class="state state-completed"') == 2, page
+    assert f"<code>{task_id}:1-0</code>" in page
     client.cookies.clear()
     other_token = login(client, other.key)
     assert task_id not in client.get("/dashboard/approvals").text

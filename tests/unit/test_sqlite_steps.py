@@ -65,6 +65,7 @@ def new_task(steps: int) -> str:
 
 @pytest.mark.usefixtures("sqlite_env")
 def test_a_task_runs_to_the_end_with_every_row_and_event() -> None:
+    from shared.store import checkpoints
     from shared.store.db import transaction
     from shared.store.tables import Step, Task, TaskEvent, ToolCall
     from shared.views import task_document
@@ -86,7 +87,9 @@ def test_a_task_runs_to_the_end_with_every_row_and_event() -> None:
         assert events[1].type == "task.started"
         assert events[-1].type == "task.succeeded"
         assert events[-1].data == task_document(task)
-        assert [(s.number, s.status) for s in steps] == [(n, "completed") for n in (1, 2, 3)]
+        assert [(s.number, checkpoints.status(s)) for s in steps] == [
+            (n, "completed") for n in (1, 2, 3)
+        ]
         assert [(c.call_id, c.status, c.result) for c in calls] == [
             ("1-0", "succeeded", 7),
             ("2-0", "succeeded", 14),
