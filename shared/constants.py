@@ -1,6 +1,7 @@
 """Names that cross process boundaries: Celery task names and Redis key prefixes."""
 
 ADVANCE_TASK = "ratchet.advance_task"
+ADVANCE_TASKS = "ratchet.advance_tasks"  # several tasks' steps in one message (admission)
 SWEEP_TASK = "ratchet.sweep"
 DELIVER_WEBHOOK_TASK = "ratchet.deliver_webhook"
 

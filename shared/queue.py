@@ -17,7 +17,7 @@ from typing import Any, cast
 import redis
 from celery import Celery
 
-from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
+from shared.constants import ADVANCE_TASK, ADVANCE_TASKS, DELIVER_WEBHOOK_TASK
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("ratchet.queue")
@@ -107,15 +107,37 @@ def enqueue_step(task_id: str, step: int, *, delay_ms: int = 0, producer: Any = 
     )
 
 
+# The most (task, step) pairs one message carries. A worker process takes one message at a
+# time, and under load the taking costs more than the hand-off of a step to a thread: an
+# admission round's tasks go several to a message, and its messages to as many processes.
+STEPS_PER_MESSAGE = 8
+
+
 def enqueue_steps(steps: list[tuple[str, int]]) -> bool:
-    """Send a message for each (task, step), in one Redis pipeline (kombu's publish batch);
-    whether they went. Never raises: a step whose message was lost is the sweeper's to send."""
+    """Send messages for these (task, step) pairs, several to a message (in at least four
+    messages, while there are as many pairs, so that they spread over the processes), all
+    in one Redis pipeline (kombu's publish batch); whether they went. Never raises: a step
+    whose message was lost is the sweeper's to send."""
     if not steps:
         return True
+    size = max(1, min(STEPS_PER_MESSAGE, len(steps) // 4))
     try:
         with get_celery().producer_or_acquire() as producer, producer.batch():
-            for task_id, step in steps:
-                enqueue_step(task_id, step, producer=producer)
+            for start in range(0, len(steps), size):
+                chunk = steps[start : start + size]
+                if len(chunk) == 1:
+                    enqueue_step(*chunk[0], producer=producer)
+                    continue
+                pairs = [[task_id, step] for task_id, step in chunk]
+                get_celery().send_task(
+                    ADVANCE_TASKS,
+                    args=[pairs],
+                    queue=get_settings().queue_name,
+                    headers=_sent_now(),
+                    producer=producer,
+                    argsrepr=repr([pairs]),
+                    kwargsrepr="{}",
+                )
     except Exception:
         log.exception("could not send %d steps' messages; the sweeper will", len(steps))
         return False

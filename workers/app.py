@@ -10,9 +10,9 @@ from typing import Any
 from celery import signals
 
 from shared.agents.registry import get_registry
-from shared.constants import ADVANCE_TASK, DELIVER_WEBHOOK_TASK
+from shared.constants import ADVANCE_TASK, ADVANCE_TASKS, DELIVER_WEBHOOK_TASK
 from shared.observability import logs, tracing
-from shared.queue import get_celery
+from shared.queue import enqueue_steps, get_celery
 from shared.settings import get_settings
 from shared.store.db import reset_engines
 from shared.webhooks import egress
@@ -39,6 +39,22 @@ def advance_task(task_id: str, step: int | None = None) -> None:
     Safe to run twice (the lease decides)."""
     work = partial(runner.advance, task_id, step, go_on=step_pool.accepting)
     step_pool.get_pool().run(work)
+
+
+@app.task(name=ADVANCE_TASKS)
+def advance_tasks(steps: list[list[Any]]) -> None:
+    """Hand each (task, step) of an admission round's message to the step pool, in order,
+    as :func:`advance_task` does one. The first waits for a free thread, as a message of
+    one would; the others only take free ones, and those left over when the pool is full go
+    back on the queue for another process, rather than wait here for steps to end. A
+    process that dies before it is done never acknowledges the message, and it comes back:
+    a step already running then finds its lease held and leaves it."""
+    pool = step_pool.get_pool()
+    for index, (task_id, step) in enumerate(steps):
+        work = partial(runner.advance, str(task_id), int(step), go_on=step_pool.accepting)
+        if not pool.run(work, wait=index == 0):
+            enqueue_steps([(str(t), int(s)) for t, s in steps[index:]])
+            return
 
 
 @app.task(name=DELIVER_WEBHOOK_TASK)

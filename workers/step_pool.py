@@ -75,12 +75,15 @@ class StepPool:
         self._idle = threading.Condition(self._lock)
         self._threads = Threads(threads, name="step")
 
-    def run(self, work: Callable[[], None]) -> None:
-        """Start ``work`` on a free thread (waiting for one); return without waiting for it."""
-        self._free.acquire()
+    def run(self, work: Callable[[], None], *, wait: bool = True) -> bool:
+        """Start ``work`` on a free thread (waiting for one, unless not ``wait``); return
+        without waiting for it. Whether it started (always, when waiting)."""
+        if not self._free.acquire(blocking=wait):
+            return False
         with self._lock:
             self._busy += 1
         self._threads.submit(partial(self._guarded, work))
+        return True
 
     @property
     def busy(self) -> int:

@@ -77,3 +77,14 @@ def test_the_threads_start_with_the_pool_not_with_its_first_hand_offs() -> None:
     now = {t.ident for t in threading.enumerate() if t.name.startswith("step-")}
     assert now - before == {t.ident for t in started}  # the hand-off started none
     assert pool.drain(WAIT) == 0
+
+
+def test_a_hand_off_that_may_not_wait_is_refused_by_a_full_pool() -> None:
+    pool, release = StepPool(1), threading.Event()
+    assert pool.run(lambda: release.wait(WAIT))
+    assert not pool.run(lambda: None, wait=False)  # its only thread is busy: refused at once
+    release.set()
+    assert pool.drain(WAIT) == 0
+    ran = threading.Event()
+    assert pool.run(ran.set, wait=False)
+    assert ran.wait(WAIT)
