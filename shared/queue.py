@@ -95,14 +95,18 @@ def enqueue_deliveries(delivery_ids: list[str], *, delay_s: float = 0) -> None:
 def enqueue_step(task_id: str, step: int, *, delay_ms: int = 0, producer: Any = None) -> None:
     """Ask a worker to advance ``task_id`` at ``step``, now or after ``delay_ms``."""
     countdown = delay_ms / 1000 if delay_ms > 0 else None
+    _send_steps(ADVANCE_TASK, [task_id, step], producer=producer, countdown=countdown)
+
+
+def _send_steps(name: str, args: list[Any], *, producer: Any, countdown: float | None) -> None:
     get_celery().send_task(
-        ADVANCE_TASK,
-        args=[task_id, step],
+        name,
+        args=args,
         queue=get_settings().queue_name,
         countdown=countdown,
         headers=_sent_now(),
         producer=producer,
-        argsrepr=repr([task_id, step]),  # as Celery's own would read; its generic one costs
+        argsrepr=repr(args),  # as Celery's own would read; its generic one costs
         kwargsrepr="{}",
     )
 
@@ -129,15 +133,7 @@ def enqueue_steps(steps: list[tuple[str, int]]) -> bool:
                     enqueue_step(*chunk[0], producer=producer)
                     continue
                 pairs = [[task_id, step] for task_id, step in chunk]
-                get_celery().send_task(
-                    ADVANCE_TASKS,
-                    args=[pairs],
-                    queue=get_settings().queue_name,
-                    headers=_sent_now(),
-                    producer=producer,
-                    argsrepr=repr([pairs]),
-                    kwargsrepr="{}",
-                )
+                _send_steps(ADVANCE_TASKS, [pairs], producer=producer, countdown=None)
     except Exception:
         log.exception("could not send %d steps' messages; the sweeper will", len(steps))
         return False
