@@ -205,6 +205,13 @@ class Stack:
         """How many Celery messages worker ``index`` has taken from the queue (from its log)."""
         return len(re.findall(r"Task \S+\[[0-9a-f-]+\] received", self.log_text(f"worker-{index}")))
 
+    def first_steps(self, index: int) -> set[str]:
+        """The tasks whose first step worker ``index`` committed (from its log)."""
+        found = re.findall(
+            r"step 1 committed in \S+ ms \[task_id=(\S+) ", self.log_text(f"worker-{index}")
+        )
+        return set(found)
+
     # -- logs -----------------------------------------------------------------------------
 
     def log_path(self, label: str) -> Path:
