@@ -3,15 +3,18 @@ are reserved by the task row's UPDATE; see ``writes.write`` and ``insert_events`
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, get_args
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.store import batch, outbox
-from shared.store.fenced import EventSpec
-from shared.store.tables import TaskEvent, utcnow
+from shared.store import batch, ledger, outbox
+from shared.store.fenced import MODEL_RESPONSE, EventSpec, stored_form
+from shared.store.tables import Step, TaskEvent, utcnow
 from shared.views import TaskState
 
 EventType = Literal[
@@ -29,15 +32,62 @@ EVENT_TYPES: tuple[str, ...] = get_args(EventType)  # the one list of them
 TERMINAL_EVENT_TYPES = ("task.succeeded", "task.failed", "task.cancelled")
 
 
-def list_events(
-    session: Session, task_id: str, *, after: int = 0, limit: int = 500
-) -> Sequence[TaskEvent]:
-    return session.scalars(
-        select(TaskEvent)
+@dataclass(frozen=True)
+class Event:
+    """An event of the log as read: whole, whatever its row holds of it."""
+
+    seq: int
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
+def model_response_data(
+    step: int, said: dict[str, Any], *, input_tokens: int, output_tokens: int, cost_usd: float
+) -> dict[str, Any]:
+    """The ``step.model_response`` event: the answer (as its checkpoint holds it), its tool
+    calls' ids and its usage. Built so when it is written and again when it is read."""
+    said = copy.deepcopy(said)
+    for position, call in enumerate(said.get("tool_calls") or []):
+        call["call_id"] = ledger.call_id(step, position)  # the id the ledger and API use
+    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost_usd}
+    return {"step": step, **said, "usage": usage}
+
+
+def list_events(session: Session, task_id: str, *, after: int = 0, limit: int = 500) -> list[Event]:
+    """The events after ``after``, in order; a model response's put back together from its
+    step's checkpoint row (see ``fenced.stored_form``), in one more read if there are any."""
+    rows = session.execute(
+        select(TaskEvent.seq, TaskEvent.type, TaskEvent.data, TaskEvent.created_at)
         .where(TaskEvent.task_id == task_id, TaskEvent.seq > after)
         .order_by(TaskEvent.seq)
         .limit(limit)
     ).all()
+    referred = {r.data["step"] for r in rows if _referring(r.type, r.data)}
+    steps: dict[int, Step] = {}
+    if referred:
+        query = select(Step).where(Step.task_id == task_id, Step.number.in_(referred))
+        steps = {step.number: step for step in session.scalars(query)}
+    return [
+        Event(seq, type_, _whole(steps, data) if _referring(type_, data) else data, created_at)
+        for seq, type_, data, created_at in rows
+    ]
+
+
+def _referring(type_: str, data: dict[str, Any]) -> bool:
+    """A model response stored as its step's number (older rows hold it whole)."""
+    return type_ == MODEL_RESPONSE and "usage" not in data
+
+
+def _whole(steps: dict[int, Step], data: dict[str, Any]) -> dict[str, Any]:
+    step = steps[data["step"]]
+    return model_response_data(
+        step.number,
+        step.response,
+        input_tokens=step.input_tokens,
+        output_tokens=step.output_tokens,
+        cost_usd=step.cost_usd,
+    )
 
 
 def last_event(session: Session, task_id: str) -> TaskEvent | None:
@@ -83,7 +133,7 @@ def insert_events(
         task_id=task_id,
         tenant_id=tenant_id,
         first_seq=last_seq - len(events) + 1,
-        events=resolved,
+        events=[(type_, stored_form(type_, data)) for type_, data in resolved],
         deliveries=deliveries,
         now=utcnow(),
     )

@@ -116,13 +116,25 @@ def assignments(shape: tuple[tuple[str, str], ...]) -> dict[str, Any]:
     return changes
 
 
+MODEL_RESPONSE = "step.model_response"
+
+
+def stored_form(type_: str, data: dict[str, Any]) -> dict[str, Any]:
+    """What the event log's row holds of an event: a ``step.model_response`` names its step
+    alone, whose checkpoint row (written in the same statement, never changed after) holds
+    the answer and its usage; reads put them back (``events.list_events``). Webhooks carry
+    the event whole. Every other event is stored as it is."""
+    return {"step": data["step"]} if type_ == MODEL_RESPONSE else data
+
+
 def log_in_batch(
     session: Session, to: Batch, events: Sequence[EventSpec], *, task: TaskState
 ) -> None:
     """Add ``events`` (the last seqs the fence reserves) and their webhooks to a batch;
     ``task`` is the row as the fence leaves it, which events built from the task carry."""
     resolved = [(type_, spec(task) if callable(spec) else spec) for type_, spec in events]
-    to.events, to.tenant_id = resolved, task.tenant_id
+    to.events = [(type_, stored_form(type_, data)) for type_, data in resolved]
+    to.tenant_id = task.tenant_id
     subscriptions = outbox.subscriptions_for(session, task)
     if subscriptions:
         offsets = [(i, type_, data) for i, (type_, data) in enumerate(resolved, 1)]

@@ -123,6 +123,42 @@ def test_a_finished_task_replays_every_event_in_order_and_the_stream_ends(
     assert response.text.endswith("\n\n")
 
 
+def test_a_model_response_is_stored_as_its_step_and_read_whole(
+    client: TestClient, tenant: TenantHandle, finished: str
+) -> None:
+    """The log's row names the step; the stream gives the answer, its calls' ids and usage
+    from the step's checkpoint, exactly as the steps endpoint shows that step."""
+    from sqlalchemy import select
+
+    from shared.store.db import transaction
+    from shared.store.tables import TaskEvent
+
+    with transaction() as session:
+        rows = session.scalars(
+            select(TaskEvent.data)
+            .where(TaskEvent.task_id == finished, TaskEvent.type == "step.model_response")
+            .order_by(TaskEvent.seq)
+        ).all()
+    assert rows == [{"step": n} for n in range(1, STEPS + 1)]
+
+    responses = [e.data for e in parse_sse(stream(client, tenant, finished).text)]
+    responses = [d for d in responses if set(d) == {"step", "content", "tool_calls", "usage"}]
+    steps = client.get(f"/v1/tasks/{finished}/steps", headers=tenant.headers).json()["items"]
+    assert len(responses) == len(steps) == STEPS
+    for data, step in zip(responses, steps, strict=True):
+        assert data["step"] == step["number"]
+        assert data["usage"] == step["usage"]
+        assert data["usage"]["input_tokens"] > 0
+        assert data["content"] == step["model"]["content"]
+        calls = [{k: v for k, v in c.items() if k != "call_id"} for c in data["tool_calls"]]
+        assert calls == step["model"]["tool_calls"]
+        assert [c["call_id"] for c in data["tool_calls"]] == [
+            c["call_id"] for c in step["tool_calls"]
+        ]
+    assert responses[0]["tool_calls"][0]["arguments"] == {"expression": "1*7"}
+    assert responses[-1]["content"] == f"done after {STEPS - 1} calculations"
+
+
 def test_a_live_stream_follows_the_task_to_its_terminal_event(
     client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
 ) -> None:

@@ -17,7 +17,8 @@ from shared.errors import ModelError
 from shared.observability import tracing
 from shared.pricing import cost_usd
 from shared.settings import get_settings
-from shared.store import checkpoints, ledger
+from shared.store import checkpoints
+from shared.store.events import model_response_data
 from shared.store.tables import TaskStatus, utcnow
 from shared.store.writes import (
     CANCELLED_ERROR,
@@ -160,16 +161,14 @@ def record_response(ctx: Context, answer: Answer) -> bool:
 
 
 def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str, Any]:
-    """The ``step.model_response`` event: the answer, its tool calls' ids and its usage."""
-    said = response.to_dict()
-    for position, call in enumerate(said["tool_calls"]):
-        call["call_id"] = ledger.call_id(step, position)  # the id the ledger and API use
-    usage = {
-        "input_tokens": response.input_tokens,
-        "output_tokens": response.output_tokens,
-        "cost_usd": cost,
-    }
-    return {"step": step, **said, "usage": usage}
+    """The ``step.model_response`` event (see ``events.model_response_data``)."""
+    return model_response_data(
+        step,
+        response.to_dict(),
+        input_tokens=response.input_tokens,
+        output_tokens=response.output_tokens,
+        cost_usd=cost,
+    )
 
 
 def _ending(step: int, response: ModelResponse, *, over_budget: str | None) -> TaskWrite:
