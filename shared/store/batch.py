@@ -23,6 +23,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     Row,
+    Select,
     Table,
     insert,
     update,
@@ -68,9 +69,10 @@ Part = Add | Change
 @dataclass
 class Batch:
     """``fence`` is an UPDATE of the task row returning ``id`` and ``last_event_seq`` (and
-    whatever else the caller wants back); ``key`` names its shape for the statement cache."""
+    whatever else the caller wants back), or a SELECT … FOR NO KEY UPDATE of the same for a
+    write that changes nothing of the row; ``key`` names its shape for the statement cache."""
 
-    fence: UpdateStatement
+    fence: UpdateStatement | Select[Any]
     key: Hashable
     params: dict[str, Any]
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from sqlalchemy import ColumnElement, Update, bindparam, select, update
+from sqlalchemy import ColumnElement, Select, Update, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from shared.errors import CancelRequested, LeaseLost
@@ -41,20 +41,39 @@ if TYPE_CHECKING:
 CANCELLED_ERROR = {"type": "cancelled", "message": "cancelled at the client's request"}
 
 
-@lru_cache(maxsize=128)
-def _write_statement(shape: tuple[tuple[str, str], ...], *, honour_cancel: bool) -> Update:
-    """The fenced UPDATE for one shape of write, built once and reused with new parameters:
-    every write of a step runs one, so building and keying it each time would dominate."""
+def _fence(*, honour_cancel: bool) -> ColumnElement[bool]:
     c = TASKS.c
     condition = (c.id == bindparam("b_task_id")) & (c.lease_epoch == bindparam("b_epoch"))
     condition &= runnable(c.status)
     if honour_cancel:
         condition &= c.cancel_requested_at.is_(None)
+    return condition
+
+
+@lru_cache(maxsize=128)
+def _write_statement(shape: tuple[tuple[str, str], ...], *, honour_cancel: bool) -> Update:
+    """The fenced UPDATE for one shape of write, built once and reused with new parameters:
+    every write of a step runs one, so building and keying it each time would dominate."""
+    c = TASKS.c
     return (
         update(TASKS)
-        .where(condition)
+        .where(_fence(honour_cancel=honour_cancel))
         .values(assignments(shape))
         .returning(c.id, c.last_event_seq, now_ms().label("clock_ms"))
+    )
+
+
+@lru_cache(maxsize=2)
+def _lock_statement(*, honour_cancel: bool) -> Select[Any]:
+    """The fence of a write that changes nothing of the task row (a tool call's start) on
+    PostgreSQL: the row locked as the UPDATE would lock it, so a lease-taker or a cancel
+    waits for the commit and then sees it, with no new version of the row written (and the
+    foreign keys' checks of the rows it adds need no lock of their own)."""
+    c = TASKS.c
+    return (
+        select(c.id, c.last_event_seq, now_ms().label("clock_ms"))
+        .where(_fence(honour_cancel=honour_cancel))
+        .with_for_update(key_share=True)  # FOR NO KEY UPDATE, as an UPDATE of the row takes
     )
 
 
@@ -78,26 +97,32 @@ def write(
     """The one fenced write of a step: check the lease, extend it, make ``change`` (its values
     and events), and write ``parts`` (checkpoint and ledger rows) — all or nothing.
 
-    The fence is an UPDATE of the task row conditional on the lease epoch: only a holder of
-    the current epoch can write, and a competing lease-taker waits on its row lock and then
-    sees the bumped epoch. On PostgreSQL the whole write is one statement (see shared.store.batch).
+    The fence is an UPDATE of the task row conditional on the lease epoch (on PostgreSQL, a
+    write that changes nothing of the row locks it instead): only a holder of the current
+    epoch can write, and a competing lease-taker waits on its row lock and then sees the
+    bumped epoch. On PostgreSQL the whole write is one statement (see shared.store.batch).
     ``task`` is the row as this lease holder last left it. Raises LeaseLost if the epoch
     moved on, CancelRequested if the client asked to cancel (unless the change is the cancel).
     """
     events, honour_cancel = change.events, change.honour_cancel
     now = utcnow()
-    changes: dict[str, Any] = {
-        "lease_expires_ms": FromNow(lease.ttl_ms),
-        "last_event_seq": Increment(len(events)),
-    }
+    changes: dict[str, Any] = {}
+    locks = not change.values and not events and _locks_rows(session)
+    if not locks:
+        changes["lease_expires_ms"] = FromNow(lease.ttl_ms)
+        changes["last_event_seq"] = Increment(len(events))
     if change.values or events:
         # A write that only fences its rows (a tool call's start) changes none of the columns
-        # a Task document shows: it leaves ``updated_at``, and so the row's middle, as it was.
+        # a Task document shows: where it must update the row, it leaves ``updated_at``.
         changes["updated_at"] = now
     changes |= change.values
     shape = shape_of(changes)
     fenced = Batch(
-        fence=_write_statement(shape, honour_cancel=honour_cancel),
+        fence=(
+            _lock_statement(honour_cancel=honour_cancel)
+            if locks
+            else _write_statement(shape, honour_cancel=honour_cancel)
+        ),
         key=("write", shape, honour_cancel),
         params=params_of(changes) | {"b_task_id": lease.task_id, "b_epoch": lease.epoch},
         parts=list(parts),
@@ -114,6 +139,12 @@ def write(
     if after.status in TaskStatus.TERMINAL:
         metrics.tasks_finished.labels(status=after.status).inc()
     return Written(after, [d["id"] for d in fenced.deliveries])
+
+
+def _locks_rows(session: Session) -> bool:
+    """Whether a row lock can fence a write: on PostgreSQL. SQLite has none; there the
+    UPDATE's own write is what makes the transaction a writer before it checks the epoch."""
+    return session.get_bind().dialect.name == "postgresql"
 
 
 def _refuse(session: Session, lease: Lease) -> NoReturn:
