@@ -220,21 +220,21 @@ class Step(Base):
 
 
 class ToolCall(Base):
-    """The tool-call ledger: one row per call, unique on (task, call id)."""
+    """The tool-call ledger: one row per call, keyed by (task, call id)."""
 
     __tablename__ = "tool_calls"
     __table_args__ = (
-        UniqueConstraint("task_id", "call_id", name="uq_tool_calls_task_call"),
         # The sweeper's look for approvals past their deadline: undecided calls only, and no
         # status in it, so a call's outcome is written in place (HOT).
         Index("ix_tool_calls_undecided", "approval_deadline_ms", **_where(_UNDECIDED_SQL)),
     )
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
     step_number: Mapped[int]
     position: Mapped[int]
-    call_id: Mapped[str] = mapped_column(String(100))
+    call_id: Mapped[str] = mapped_column(String(100), primary_key=True)
     provider_call_id: Mapped[str] = mapped_column(String(200))
     tool: Mapped[str] = mapped_column(String(100))
     arguments: Mapped[dict[str, Any]]

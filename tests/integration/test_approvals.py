@@ -64,7 +64,8 @@ def past_deadline(task_id: str) -> list[tuple[str, str, str]]:
 
 def calls(task_id: str) -> list[ToolCall]:
     with transaction() as session:
-        rows = session.query(ToolCall).filter_by(task_id=task_id).order_by(ToolCall.id).all()
+        query = session.query(ToolCall).filter_by(task_id=task_id)
+        rows = query.order_by(ToolCall.step_number, ToolCall.position).all()
         session.expunge_all()
         return rows
 
