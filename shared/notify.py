@@ -51,19 +51,20 @@ def remove_listener(listener: Listener) -> None:
 
 
 class Publisher:
-    """A process's wake-ups to Redis, sent from a thread of their own in pipelines."""
+    """A process's wake-ups to Redis (a PUBLISH of "1" on a channel), sent from a thread of
+    their own in pipelines."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._pending: queue.SimpleQueue[str] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="ratchet-wake-ups", daemon=True).start()
 
-    def put(self, task_id: str) -> None:
-        self._pending.put(task_id)
+    def put(self, channel_name: str) -> None:
+        self._pending.put(channel_name)
 
     def _run(self) -> None:
         while True:
-            gathered = {self._pending.get()}  # a task named twice is woken once
+            gathered = {self._pending.get()}  # a channel named twice is woken once
             while len(gathered) < BATCH_MAX:
                 try:
                     gathered.add(self._pending.get_nowait())
@@ -71,14 +72,14 @@ class Publisher:
                     break
             self.send(gathered)
 
-    def send(self, task_ids: Iterable[str]) -> None:
+    def send(self, channel_names: Iterable[str]) -> None:
         try:
             with self._client.pipeline(transaction=False) as pipe:
-                for task_id in task_ids:
-                    pipe.publish(channel(task_id), "1")
+                for name in channel_names:
+                    pipe.publish(name, "1")
                 pipe.execute()
         except redis.RedisError:
-            log.debug("event wake-ups not published", exc_info=True)
+            log.debug("wake-ups not published", exc_info=True)
 
 
 _publishers: dict[tuple[int, str], Publisher] = {}  # by process (threads die in a fork), URL
@@ -102,7 +103,13 @@ def publish(task_ids: Iterable[str]) -> None:
         for listener in local:
             listener(task_id)
         if not settings.embedded:
-            _publisher(settings.redis_url).put(task_id)
+            _publisher(settings.redis_url).put(channel(task_id))
+
+
+def publish_on(channel_name: str) -> None:
+    """A wake-up on ``channel_name`` (sent in the background, with the process's others: many
+    asked for at once go out as one). Never raises."""
+    _publisher(get_settings().redis_url).put(channel_name)
 
 
 def add_cancel_listener(listener: Listener) -> None:

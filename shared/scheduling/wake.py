@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from functools import lru_cache
 
 import redis
 
+from shared import notify
 from shared.constants import DISPATCH_CHANNEL_PREFIX
 from shared.settings import get_settings
 
@@ -22,21 +22,13 @@ def channel() -> str:
     return DISPATCH_CHANNEL_PREFIX + get_settings().queue_name
 
 
-@lru_cache
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-
-
 def wake() -> None:
-    """Tell the dispatcher to look now. Never raises."""
-    settings = get_settings()
+    """Tell the dispatcher to look now: the PUBLISH goes out from the process's wake-up thread,
+    so a submission does not wait a round trip to Redis for it, and the wake-ups of many
+    submissions at once go out as one. Never raises."""
     _local.set()
-    if settings.embedded:
-        return
-    try:
-        _client(settings.redis_url).publish(channel(), "1")
-    except redis.RedisError:
-        log.debug("dispatcher wake-up not published", exc_info=True)
+    if not get_settings().embedded:
+        notify.publish_on(channel())
 
 
 class Waiter:

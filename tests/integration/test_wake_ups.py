@@ -54,6 +54,18 @@ def test_a_redis_that_is_down_loses_wake_ups_without_raising() -> None:
     publisher = notify.Publisher(redis.Redis.from_url("redis://127.0.0.1:1/0"))
     started = time.monotonic()
     for n in range(50):
-        publisher.put(f"nobody-{n}")  # handed over: the caller never waits for Redis
-    publisher.send(["nobody"])  # what its thread does: the error is logged, not raised
+        publisher.put(notify.channel(f"nobody-{n}"))  # handed over: the caller never waits
+    publisher.send([notify.channel("nobody")])  # what its thread does: logged, not raised
     assert time.monotonic() - started < WAIT
+
+
+def test_a_submissions_dispatcher_wake_up_reaches_the_dispatcher(
+    service_env: dict[str, str],
+) -> None:
+    """Sent from the wake-up thread, as the event wake-ups are: a Waiter sees it."""
+    from shared.scheduling import wake
+
+    waiter = wake.Waiter()
+    assert not waiter.wait(0.01)  # subscribed, and nothing sent yet
+    wake.wake()
+    assert waiter.wait(WAIT)
