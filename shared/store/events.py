@@ -13,8 +13,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.store import batch, ledger, outbox
-from shared.store.fenced import MODEL_RESPONSE, EventSpec, stored_form
-from shared.store.tables import Step, TaskEvent, utcnow
+from shared.store.fenced import MODEL_RESPONSE, TOOL_CALL, EventSpec, stored_form
+from shared.store.tables import Step, TaskEvent, ToolCall, utcnow
 from shared.views import TaskState
 
 EventType = Literal[
@@ -63,31 +63,64 @@ def list_events(session: Session, task_id: str, *, after: int = 0, limit: int = 
         .order_by(TaskEvent.seq)
         .limit(limit)
     ).all()
-    referred = {r.data["step"] for r in rows if _referring(r.type, r.data)}
+    answers = {r.data["step"] for r in rows if _names_step(r.type, r.data)}
+    outcomes = {r.data["call_id"] for r in rows if _names_call(r.type, r.data)}
     steps: dict[int, Step] = {}
-    if referred:
-        query = select(Step).where(Step.task_id == task_id, Step.number.in_(referred))
+    calls: dict[str, ToolCall] = {}
+    if answers:
+        query = select(Step).where(Step.task_id == task_id, Step.number.in_(answers))
         steps = {step.number: step for step in session.scalars(query)}
+    if outcomes:
+        called = select(ToolCall).where(ToolCall.task_id == task_id, ToolCall.call_id.in_(outcomes))
+        calls = {call.call_id: call for call in session.scalars(called)}
     return [
-        Event(seq, type_, _whole(steps, data) if _referring(type_, data) else data, created_at)
+        Event(seq, type_, _whole(type_, data, steps, calls), created_at)
         for seq, type_, data, created_at in rows
     ]
 
 
-def _referring(type_: str, data: dict[str, Any]) -> bool:
+def _names_step(type_: str, data: dict[str, Any]) -> bool:
     """A model response stored as its step's number (older rows hold it whole)."""
     return type_ == MODEL_RESPONSE and "usage" not in data
 
 
-def _whole(steps: dict[int, Step], data: dict[str, Any]) -> dict[str, Any]:
-    step = steps[data["step"]]
-    return model_response_data(
-        step.number,
-        step.response,
-        input_tokens=step.input_tokens,
-        output_tokens=step.output_tokens,
-        cost_usd=step.cost_usd,
-    )
+def _names_call(type_: str, data: dict[str, Any]) -> bool:
+    """A call's outcome stored as its call's id (older rows hold it whole)."""
+    return type_ == TOOL_CALL and data.keys() == {"step", "call_id"}
+
+
+def _whole(
+    type_: str, data: dict[str, Any], steps: dict[int, Step], calls: dict[str, ToolCall]
+) -> dict[str, Any]:
+    if _names_step(type_, data):
+        step = steps[data["step"]]
+        return model_response_data(
+            step.number,
+            step.response,
+            input_tokens=step.input_tokens,
+            output_tokens=step.output_tokens,
+            cost_usd=step.cost_usd,
+        )
+    if _names_call(type_, data):
+        call = calls[data["call_id"]]
+        return tool_call_data(
+            call.step_number,
+            call.call_id,
+            name=call.tool,
+            status=call.status,
+            result=call.result,
+            error=call.error,
+        )
+    return data
+
+
+def tool_call_data(
+    step: int, call_id: str, *, name: str, status: str, result: Any, error: str | None
+) -> dict[str, Any]:
+    """The ``step.tool_call`` event of a call's outcome: as its ledger row holds it. Built so
+    when it is written (from the ledger's change) and again when it is read."""
+    data = {"step": step, "call_id": call_id, "name": name, "status": status}
+    return data | {"result": result, "error": error}
 
 
 def last_event(session: Session, task_id: str) -> TaskEvent | None:

@@ -117,14 +117,21 @@ def assignments(shape: tuple[tuple[str, str], ...]) -> dict[str, Any]:
 
 
 MODEL_RESPONSE = "step.model_response"
+TOOL_CALL = "step.tool_call"
+OUTCOME_KEYS = frozenset(("step", "call_id", "name", "status", "result", "error"))
 
 
 def stored_form(type_: str, data: dict[str, Any]) -> dict[str, Any]:
     """What the event log's row holds of an event: a ``step.model_response`` names its step
-    alone, whose checkpoint row (written in the same statement, never changed after) holds
-    the answer and its usage; reads put them back (``events.list_events``). Webhooks carry
-    the event whole. Every other event is stored as it is."""
-    return {"step": data["step"]} if type_ == MODEL_RESPONSE else data
+    alone, whose checkpoint row holds the answer and its usage; a call's outcome names its
+    call alone, whose ledger row holds the outcome (each row written in the same statement
+    as the event, and never changed after). Reads put the rest back (``events.list_events``);
+    webhooks carry the event whole. Every other event is stored as it is."""
+    if type_ == MODEL_RESPONSE:
+        return {"step": data["step"]}
+    if type_ == TOOL_CALL and data.keys() == OUTCOME_KEYS:  # not a decision's event
+        return {"step": data["step"], "call_id": data["call_id"]}
+    return data
 
 
 def log_in_batch(

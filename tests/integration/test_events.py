@@ -159,6 +159,38 @@ def test_a_model_response_is_stored_as_its_step_and_read_whole(
     assert responses[-1]["content"] == f"done after {STEPS - 1} calculations"
 
 
+def test_a_calls_outcome_is_stored_as_its_call_and_read_whole(
+    client: TestClient, tenant: TenantHandle, finished: str
+) -> None:
+    """The log's row names the call; the stream gives its outcome from the ledger's row."""
+    from sqlalchemy import select
+
+    from shared.store.db import transaction
+    from shared.store.tables import TaskEvent
+
+    with transaction() as session:
+        rows = session.scalars(
+            select(TaskEvent.data)
+            .where(TaskEvent.task_id == finished, TaskEvent.type == "step.tool_call")
+            .order_by(TaskEvent.seq)
+        ).all()
+    assert rows == [{"step": n, "call_id": f"{n}-0"} for n in range(1, STEPS)]
+
+    outcomes = [e.data for e in parse_sse(stream(client, tenant, finished).text)]
+    outcomes = [d for d in outcomes if "status" in d and "call_id" in d]
+    assert outcomes == [
+        {
+            "step": n,
+            "call_id": f"{n}-0",
+            "name": "calculator",
+            "status": "succeeded",
+            "result": n * 7,
+            "error": None,
+        }
+        for n in range(1, STEPS)
+    ]
+
+
 def test_a_live_stream_follows_the_task_to_its_terminal_event(
     client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
 ) -> None:

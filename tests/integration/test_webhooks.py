@@ -429,16 +429,21 @@ def test_every_webhook_body_names_its_task_and_a_step_event_its_step(
     assert {b["type"] for b in bodies} >= {"step.model_response", "step.tool_call"}, bodies
     assert all(b["task_id"] == task["id"] for b in bodies), bodies
     assert all(b["data"]["step"] >= 1 for b in bodies if b["type"].startswith("step.")), bodies
-    # A model response goes out whole (its log row names only its step), as the stream reads it.
-    sent = [b["data"] for b in bodies if b["type"] == "step.model_response"]
+    # A model response and a call's outcome go out whole (their log rows name only their step
+    # or call), as the stream reads them.
     events = client.get(f"/v1/tasks/{task['id']}/events", headers=tenant.headers).text
-    read = [
-        json.loads(block.split("data: ", 1)[1])
-        for block in events.split("\n\n")
-        if "event: step.model_response" in block
-    ]
-    assert sent == read, (sent, read)
-    assert all(d["usage"]["input_tokens"] > 0 and "tool_calls" in d for d in sent), sent
+    for type_ in ("step.model_response", "step.tool_call"):
+        sent = [b["data"] for b in bodies if b["type"] == type_]
+        read = [
+            json.loads(block.split("data: ", 1)[1])
+            for block in events.split("\n\n")
+            if f"event: {type_}" in block
+        ]
+        assert sent == read, (sent, read)
+    responses = [b["data"] for b in bodies if b["type"] == "step.model_response"]
+    assert all(d["usage"]["input_tokens"] > 0 and "tool_calls" in d for d in responses)
+    outcomes = [b["data"] for b in bodies if b["type"] == "step.tool_call"]
+    assert all(d["status"] == "succeeded" and "result" in d for d in outcomes), outcomes
 
 
 # --- 410 Gone ---------------------------------------------------------------------------------

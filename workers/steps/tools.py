@@ -15,6 +15,7 @@ from shared.agents.registry import Tool, ToolContext
 from shared.observability import metrics, tracing
 from shared.store import checkpoints, ledger
 from shared.store.batch import Part
+from shared.store.events import tool_call_data
 from shared.store.tables import TaskStatus
 from shared.store.writes import finish_task, log_events
 from workers import cancels, tool_runner
@@ -122,14 +123,19 @@ def record_outcome(
     ctx.outcomes[call_id] = outcome
     status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
     metrics.tool_calls.labels(tool=name if name in ctx.tools else "unknown", status=status).inc()
-    event = {
-        "step": lease.step,
-        "call_id": call_id,
-        "name": name,
-        "status": status,
-        "result": outcome.result,
-        "error": outcome.error,
-    }
+    finish = finish or ledger.outcome(
+        call_id, status=status, result=outcome.result, error=outcome.error
+    )
+    # The event says what the ledger's row will hold (reads of the log rebuild it from there).
+    written = finish.values
+    event = tool_call_data(
+        lease.step,
+        call_id,
+        name=name,
+        status=written["status"],
+        result=written.get("result"),
+        error=written.get("error"),
+    )
     change = log_events(("step.tool_call", event))
     if end_task is not None:
         change = change.then(finish_task(TaskStatus.FAILED, error=end_task))
@@ -137,10 +143,7 @@ def record_outcome(
         change = change.then(completion(ctx))
     with fenced(ctx) as writes:
         writes.set(change)
-        writes.add(
-            finish
-            or ledger.outcome(call_id, status=status, result=outcome.result, error=outcome.error)
-        )
+        writes.add(finish)
         if last and end_task is None:
             writes.add(checkpoints.completion(lease))
 
