@@ -123,22 +123,29 @@ def test_a_finished_task_replays_every_event_in_order_and_the_stream_ends(
     assert response.text.endswith("\n\n")
 
 
-def test_a_model_response_is_stored_as_its_step_and_read_whole(
-    client: TestClient, tenant: TenantHandle, finished: str
-) -> None:
-    """The log's row names the step; the stream gives the answer, its calls' ids and usage
-    from the step's checkpoint, exactly as the steps endpoint shows that step."""
+def stored(task_id: str, type_: str) -> list[dict[str, Any]]:
+    """What the log's rows of one type hold, in order (not what reads of the log give)."""
     from sqlalchemy import select
 
     from shared.store.db import transaction
     from shared.store.tables import TaskEvent
 
     with transaction() as session:
-        rows = session.scalars(
-            select(TaskEvent.data)
-            .where(TaskEvent.task_id == finished, TaskEvent.type == "step.model_response")
-            .order_by(TaskEvent.seq)
-        ).all()
+        return list(
+            session.scalars(
+                select(TaskEvent.data)
+                .where(TaskEvent.task_id == task_id, TaskEvent.type == type_)
+                .order_by(TaskEvent.seq)
+            )
+        )
+
+
+def test_a_model_response_is_stored_as_its_step_and_read_whole(
+    client: TestClient, tenant: TenantHandle, finished: str
+) -> None:
+    """The log's row names the step; the stream gives the answer, its calls' ids and usage
+    from the step's checkpoint, exactly as the steps endpoint shows that step."""
+    rows = stored(finished, "step.model_response")
     assert rows == [{"step": n} for n in range(1, STEPS + 1)]
 
     responses = [e.data for e in parse_sse(stream(client, tenant, finished).text)]
@@ -163,17 +170,7 @@ def test_a_calls_outcome_is_stored_as_its_call_and_read_whole(
     client: TestClient, tenant: TenantHandle, finished: str
 ) -> None:
     """The log's row names the call; the stream gives its outcome from the ledger's row."""
-    from sqlalchemy import select
-
-    from shared.store.db import transaction
-    from shared.store.tables import TaskEvent
-
-    with transaction() as session:
-        rows = session.scalars(
-            select(TaskEvent.data)
-            .where(TaskEvent.task_id == finished, TaskEvent.type == "step.tool_call")
-            .order_by(TaskEvent.seq)
-        ).all()
+    rows = stored(finished, "step.tool_call")
     assert rows == [{"step": n, "call_id": f"{n}-0"} for n in range(1, STEPS)]
 
     outcomes = [e.data for e in parse_sse(stream(client, tenant, finished).text)]
