@@ -138,14 +138,12 @@ def create_app() -> FastAPI:
     problems.install(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_request_bytes)
     app.add_middleware(UrlCredentialsMiddleware)  # outermost: before anything reads the URL
-    app.add_api_route("/", _root, include_in_schema=False)
-    dashboard.install(app)
-    app.include_router(approval_links.router)  # pages without a key: the link is the credential
-    app.include_router(health.router, responses=ANY_REQUEST)
+    # The API's routes first, the busiest first: a request is matched against the routes in
+    # the order they were added (no two of these groups share a path).
     for router in (
         tasks,
-        approvals,
         events,
+        approvals,
         webhooks,
         agents,
         admin,
@@ -155,4 +153,8 @@ def create_app() -> FastAPI:
         overview,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
+    app.include_router(health.router, responses=ANY_REQUEST)
+    app.include_router(approval_links.router)  # pages without a key: the link is the credential
+    app.add_api_route("/", _root, include_in_schema=False)
+    dashboard.install(app)
     return app
