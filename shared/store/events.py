@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.store import batch, ledger, outbox
-from shared.store.fenced import MODEL_RESPONSE, TOOL_CALL, EventSpec, stored_form
+from shared.store.fenced import EventSpec, names_call, names_step, stored_form
 from shared.store.tables import Step, TaskEvent, ToolCall, utcnow
 from shared.views import TaskState
 
@@ -55,16 +55,17 @@ def model_response_data(
 
 
 def list_events(session: Session, task_id: str, *, after: int = 0, limit: int = 500) -> list[Event]:
-    """The events after ``after``, in order; a model response's put back together from its
-    step's checkpoint row (see ``fenced.stored_form``), in one more read if there are any."""
+    """The events after ``after``, in order, whole: model responses put back together from
+    their steps' checkpoint rows and calls' outcomes from their ledger rows (see
+    ``fenced.stored_form``), in one more read for each kind there is."""
     rows = session.execute(
         select(TaskEvent.seq, TaskEvent.type, TaskEvent.data, TaskEvent.created_at)
         .where(TaskEvent.task_id == task_id, TaskEvent.seq > after)
         .order_by(TaskEvent.seq)
         .limit(limit)
     ).all()
-    answers = {r.data["step"] for r in rows if _names_step(r.type, r.data)}
-    outcomes = {r.data["call_id"] for r in rows if _names_call(r.type, r.data)}
+    answers = {r.data["step"] for r in rows if names_step(r.type, r.data)}
+    outcomes = {r.data["call_id"] for r in rows if names_call(r.type, r.data)}
     steps: dict[int, Step] = {}
     calls: dict[str, ToolCall] = {}
     if answers:
@@ -79,20 +80,10 @@ def list_events(session: Session, task_id: str, *, after: int = 0, limit: int = 
     ]
 
 
-def _names_step(type_: str, data: dict[str, Any]) -> bool:
-    """A model response stored as its step's number (older rows hold it whole)."""
-    return type_ == MODEL_RESPONSE and "usage" not in data
-
-
-def _names_call(type_: str, data: dict[str, Any]) -> bool:
-    """A call's outcome stored as its call's id (older rows hold it whole)."""
-    return type_ == TOOL_CALL and data.keys() == {"step", "call_id"}
-
-
 def _whole(
     type_: str, data: dict[str, Any], steps: dict[int, Step], calls: dict[str, ToolCall]
 ) -> dict[str, Any]:
-    if _names_step(type_, data):
+    if names_step(type_, data):
         step = steps[data["step"]]
         return model_response_data(
             step.number,
@@ -101,7 +92,7 @@ def _whole(
             output_tokens=step.output_tokens,
             cost_usd=step.cost_usd,
         )
-    if _names_call(type_, data):
+    if names_call(type_, data):
         call = calls[data["call_id"]]
         return tool_call_data(
             call.step_number,

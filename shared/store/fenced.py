@@ -134,6 +134,16 @@ def stored_form(type_: str, data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def names_step(type_: str, data: dict[str, Any]) -> bool:
+    """A model response stored by :func:`stored_form` (older rows hold it whole)."""
+    return type_ == MODEL_RESPONSE and data.keys() == {"step"}
+
+
+def names_call(type_: str, data: dict[str, Any]) -> bool:
+    """A call's outcome stored by :func:`stored_form` (older rows hold it whole)."""
+    return type_ == TOOL_CALL and data.keys() == {"step", "call_id"}
+
+
 def log_in_batch(
     session: Session, to: Batch, events: Sequence[EventSpec], *, task: TaskState
 ) -> None:
