@@ -160,9 +160,10 @@ def _share_api_metrics() -> None:
 
 WORKER_HELP = (
     "Run a Celery worker that advances tasks, a step at a time.\n\n"
-    "Each process runs up to --threads steps at once. A step waiting on its model or a tool "
-    "holds one thread and no database connection, so a 2-CPU host with the defaults keeps "
-    "about 500 model calls in flight.\n\n"
+    "Each process keeps up to --threads steps in flight. A step waiting on its model or a "
+    "tool holds one thread and no database connection, so a 2-CPU host with the defaults "
+    "keeps up to 768 model calls in flight; between its waits a step runs in turn, at most "
+    "RATCHET_DB_POOL_SIZE of a process's at once.\n\n"
     "A host holds at most --concurrency × (RATCHET_DB_POOL_SIZE + RATCHET_DB_POOL_OVERFLOW + 1) "
     "+ 2 PostgreSQL connections: 18 on a 2-CPU host with the defaults."
 )
@@ -176,7 +177,7 @@ def worker(
     threads: Annotated[
         int,
         typer.Option(
-            help="steps each process runs at once (default: RATCHET_WORKER_THREADS, 256)",
+            help="steps each process keeps in flight (default: RATCHET_WORKER_THREADS, 384)",
             show_default=False,
         ),
     ] = 0,

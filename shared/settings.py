@@ -51,9 +51,10 @@ class Settings(BaseSettings):
     step_time_limit_seconds: int = Field(900, ge=10)
     shutdown_grace_seconds: float = Field(20.0, ge=0)
     worker_metrics_port: int = Field(9464, ge=0, le=65535)  # 0: no metrics server
-    # Steps one worker process runs at once: a step waiting on its model or a tool holds one
-    # of these threads and nothing scarcer (no database connection, no Celery slot).
-    worker_threads: int = Field(256, ge=1, le=4096)
+    # Steps one worker process keeps in flight: a step waiting on its model or a tool holds
+    # one of these threads and nothing scarcer (no database connection, no Celery slot, no
+    # turn: only db_pool_size steps of a process run their own code at once).
+    worker_threads: int = Field(384, ge=1, le=4096)
     # Database connections per process (the pool, and how far past it a burst may go); the
     # lease heartbeat has one more of its own.
     db_pool_size: int = Field(6, ge=1, le=100)

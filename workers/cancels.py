@@ -27,6 +27,7 @@ import redis
 from shared import notify
 from shared.constants import CANCELS_CHANNEL
 from shared.settings import get_settings
+from workers import step_pool
 from workers.step_pool import Threads
 
 log = logging.getLogger("ratchet.worker")
@@ -124,7 +125,7 @@ def call(work: Callable[[], T], *, timeout: float | None = None, name: str = "ca
             wake.set()
 
     _calls().submit(run)
-    with watch.waking(wake) if watch is not None else nullcontext():
+    with watch.waking(wake) if watch is not None else nullcontext(), step_pool.waiting():
         wake.wait(timeout)
     if watch is not None and watch.cancelled.is_set():
         # Even if it returned meanwhile: a tool that watches the cancel returns cut short.

@@ -13,6 +13,16 @@ step on a queue. (A pool that started a thread per hand-off, as ``ThreadPoolExec
 it is full, made the message's thread wait for the new one to be scheduled, and in a process
 busy with hundreds of steps that wait held up every message behind it.)
 
+Of those threads, only a few run at once: a step takes one of the process's *turns* to run
+its own Python and statements, and gives it up while it waits on its model or a tool
+(``cancels.call``). There are as many turns as database connections in the pool, so a step
+that runs never waits for a connection, and the threads that wait are blocked, not runnable:
+they do not compete for the interpreter with the steps that are working. (Without turns,
+hundreds of steps woken by their answers at once took the pool's few connections in no
+particular order; each holder then waited for the interpreter between its round trips, and
+a step could wait seconds for its first statement.) Turns are handed out first come, first
+served.
+
 A message is acknowledged once its step is handed over. If the process dies after that, the
 step's lease runs out (or, before the lease, the task's due time passes) and the sweeper sends
 the task a new message: nothing is lost, nothing is done twice (DESIGN.md §5).
@@ -25,7 +35,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 
 from shared.settings import get_settings
@@ -63,12 +75,61 @@ class Threads:
             self._work.get()()
 
 
+class Turns:
+    """First come, first served: at most ``count`` holders at a time, the others waiting in
+    the order they came (``threading.Semaphore`` lets a newcomer take a turn just given up
+    ahead of those that waited)."""
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiting: deque[threading.Lock] = deque()
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            if self._free and not self._waiting:
+                self._free -= 1
+                return
+            ticket = threading.Lock()
+            ticket.acquire()
+            self._waiting.append(ticket)
+        ticket.acquire()  # released by give() with the turn handed over
+
+    def give(self) -> None:
+        with self._lock:
+            if self._waiting:
+                self._waiting.popleft().release()
+            else:
+                self._free += 1
+
+
+_holding = threading.local()
+
+
+@contextmanager
+def waiting() -> Iterator[None]:
+    """Give up this thread's turn, if it holds one, for the block: a step waiting on its
+    model or a tool. Taken back (in turn) when the wait is over."""
+    turns: Turns | None = getattr(_holding, "turns", None)
+    if turns is None:
+        yield
+        return
+    turns.give()
+    _holding.turns = None
+    try:
+        yield
+    finally:
+        turns.take()
+        _holding.turns = turns
+
+
 class StepPool:
     """A fixed set of threads, started with it; :meth:`run` waits for a free one, then hands
-    the work over."""
+    the work over. The work runs in turns (:class:`Turns`): ``turns`` at a time."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, turns: int | None = None) -> None:
         self.threads = threads
+        self.turns = Turns(turns or threads)
         self._free = threading.BoundedSemaphore(threads)
         self._busy = 0
         self._lock = threading.Lock()
@@ -99,12 +160,16 @@ class StepPool:
             return self._busy
 
     def _guarded(self, work: Callable[[], None]) -> None:
+        self.turns.take()
+        _holding.turns = self.turns
         try:
             work()
         except Exception:
             # The step's lease runs out and the sweeper sends it again: log it and go on.
             log.exception("step failed; its lease will run out and it will be retried")
         finally:
+            _holding.turns = None
+            self.turns.give()
             self._done()
 
     def _done(self) -> None:
@@ -130,9 +195,10 @@ def get_pool() -> StepPool:
     pid = os.getpid()
     pool = _pools.get(pid)
     if pool is None:
+        settings = get_settings()
         with _pools_lock:
             pool = _pools.get(pid) or _pools.setdefault(
-                pid, StepPool(get_settings().worker_threads)
+                pid, StepPool(settings.worker_threads, turns=settings.db_pool_size)
             )
     return pool
 

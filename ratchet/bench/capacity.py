@@ -246,6 +246,7 @@ def _capacity_report(run: CapacityRun) -> dict[str, Any]:
         "avg_in_flight_measured": round(stub["busy_seconds"] / wall, 1),
         "peak_in_flight": stub["peak"],
         "sampled_in_flight": _stats_of(run.series["in_flight"]),
+        "in_flight_every_half_second": [int(n) for n in run.series["in_flight"]],
         **_pg_figures(run.series),
         **_cpu_figures(run.cpu, calls=stub["calls"], wall=wall),
         "worker_rss_mb_max": round(max(run.series["rss_mb"], default=0.0), 1),

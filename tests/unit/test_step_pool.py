@@ -1,11 +1,14 @@
-"""The step pool: a hand-off waits for a free thread, a failing step frees its thread, and a
-drain waits for the steps in flight."""
+"""The step pool: a hand-off waits for a free thread, a failing step frees its thread, a
+drain waits for the steps in flight, and steps run their own code in turns (first come,
+first served) that a step waiting on a call gives up."""
 
 from __future__ import annotations
 
 import threading
+import time
 
-from workers.step_pool import StepPool
+from workers import cancels
+from workers.step_pool import StepPool, Turns
 
 WAIT = 30.0  # a bound for the test to fail rather than hang; never reached when it passes
 
@@ -88,3 +91,59 @@ def test_a_hand_off_that_may_not_wait_is_refused_by_a_full_pool() -> None:
     ran = threading.Event()
     assert pool.run(ran.set, wait=False)
     assert ran.wait(WAIT)
+
+
+def test_steps_run_in_turns_and_a_step_waiting_on_a_call_gives_its_turn_up() -> None:
+    """Two turns for six steps: never more than two run their own code at once, yet all six
+    wait on their calls together (a waiting step holds no turn)."""
+    pool, lock = StepPool(8, turns=2), threading.Lock()
+    running, most = [0], [0]
+    all_waiting = threading.Barrier(6, timeout=WAIT)
+
+    def work() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.01)  # its own work, in its turn
+        with lock:
+            running[0] -= 1
+        cancels.call(all_waiting.wait, timeout=WAIT)  # would break the barrier if turns held
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+        done.append(1)
+
+    done: list[int] = []
+    for _ in range(6):
+        pool.run(work)
+
+    assert pool.drain(WAIT) == 0
+    assert len(done) == 6  # every step got past the barrier: all six waited at once
+    assert most[0] == 2
+
+
+def test_turns_are_handed_out_in_the_order_they_were_asked_for() -> None:
+    turns, order = Turns(1), []
+    turns.take()
+    threads = []
+    for number in range(5):
+
+        def wait_for_turn(number: int = number) -> None:
+            turns.take()
+            order.append(number)
+            turns.give()
+
+        thread = threading.Thread(target=wait_for_turn)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + WAIT
+        while len(turns._waiting) < number + 1 and time.monotonic() < deadline:
+            time.sleep(0.001)  # this one is in the queue before the next one asks
+    turns.give()
+    for thread in threads:
+        thread.join(WAIT)
+
+    assert order == [0, 1, 2, 3, 4]
