@@ -33,6 +33,7 @@ from workers.step_pool import Threads
 log = logging.getLogger("ratchet.worker")
 T = TypeVar("T")
 RECONNECT_MAX_SECONDS = 30.0
+QUICK_SECONDS = 0.002  # a call that answers within this keeps its step's turn
 
 
 class Interrupted(Exception):
@@ -125,8 +126,13 @@ def call(work: Callable[[], T], *, timeout: float | None = None, name: str = "ca
             wake.set()
 
     _calls().submit(run)
-    with watch.waking(wake) if watch is not None else nullcontext(), step_pool.waiting():
-        wake.wait(timeout)
+    with watch.waking(wake) if watch is not None else nullcontext():
+        # A call that answers at once (most tools do) keeps the step's turn; one that takes
+        # longer gives it up to the steps waiting for one, and waits in line to take it back.
+        quick = QUICK_SECONDS if timeout is None else min(QUICK_SECONDS, timeout)
+        if not wake.wait(quick):
+            with step_pool.waiting():
+                wake.wait(None if timeout is None else timeout - quick)
     if watch is not None and watch.cancelled.is_set():
         # Even if it returned meanwhile: a tool that watches the cancel returns cut short.
         raise Interrupted(f"task {watch.task_id} was cancelled")

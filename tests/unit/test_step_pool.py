@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+
+import pytest
 
 from workers import cancels
 from workers.step_pool import StepPool, Turns
@@ -147,3 +150,35 @@ def test_turns_are_handed_out_in_the_order_they_were_asked_for() -> None:
         thread.join(WAIT)
 
     assert order == [0, 1, 2, 3, 4]
+
+
+def _order_around_a_call(call: Callable[[], object]) -> list[str]:
+    """One turn, two steps: the first makes ``call`` while the second waits for the turn."""
+    pool, order, queued = StepPool(2, turns=1), [], threading.Event()
+
+    def first() -> None:
+        order.append("first starts")
+        assert queued.wait(WAIT)
+        cancels.call(call, timeout=WAIT)
+        order.append("first goes on")
+
+    pool.run(first)
+    pool.run(lambda: order.append("second runs"))
+    deadline = time.monotonic() + WAIT
+    while not pool.turns._waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    queued.set()  # the second step is in line for the turn
+    assert pool.drain(WAIT) == 0
+    return order
+
+
+def test_a_call_that_answers_at_once_keeps_its_step_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "At once" is within QUICK_SECONDS (2 ms); a busy machine may take longer to run the
+    # call's thread, so here the window is as long as the test's bound.
+    monkeypatch.setattr(cancels, "QUICK_SECONDS", WAIT)
+    assert _order_around_a_call(lambda: 42) == ["first starts", "first goes on", "second runs"]
+
+
+def test_a_slow_call_gives_the_turn_to_the_step_in_line() -> None:
+    order = _order_around_a_call(lambda: time.sleep(0.2))
+    assert order == ["first starts", "second runs", "first goes on"]
