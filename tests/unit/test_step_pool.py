@@ -97,29 +97,30 @@ def test_a_hand_off_that_may_not_wait_is_refused_by_a_full_pool() -> None:
 
 
 def test_steps_run_in_turns_and_a_step_waiting_on_a_call_gives_its_turn_up() -> None:
-    """Two turns for six steps: never more than two run their own code at once, yet all six
-    wait on their calls together (a waiting step holds no turn)."""
+    """Two turns for six steps: never more than two run their own code at once (and two do:
+    the first two wait for each other in their turns), yet all six wait on their calls
+    together (a waiting step holds no turn)."""
     pool, lock = StepPool(8, turns=2), threading.Lock()
-    running, most = [0], [0]
-    all_waiting = threading.Barrier(6, timeout=WAIT)
+    running, most, done = [0], [0], []
+    pair, all_waiting = threading.Event(), threading.Barrier(6, timeout=WAIT)
+
+    def in_turn() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            if running[0] == 2:
+                pair.set()
+        assert pair.wait(WAIT)  # the first two hold both turns at once
+        time.sleep(0.005)  # its own work, in its turn
+        with lock:
+            running[0] -= 1
 
     def work() -> None:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.01)  # its own work, in its turn
-        with lock:
-            running[0] -= 1
+        in_turn()
         cancels.call(all_waiting.wait, timeout=WAIT)  # would break the barrier if turns held
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.01)
-        with lock:
-            running[0] -= 1
+        in_turn()
         done.append(1)
 
-    done: list[int] = []
     for _ in range(6):
         pool.run(work)
 
