@@ -14,7 +14,14 @@ import signal
 import time
 from functools import lru_cache
 
-POINTS = ("model_call", "after_model_commit", "tool_call", "after_tool", "after_step_commit")
+POINTS = (
+    "model_call",
+    "after_model_commit",
+    "tool_call",
+    "after_tool",
+    "after_step_commit",
+    "before_webhooks",  # a commit's webhooks are committed, not yet handed to the sender
+)
 
 
 class InjectedFault(Exception):

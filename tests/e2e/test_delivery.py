@@ -28,7 +28,6 @@ from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -302,107 +301,6 @@ def _close(*sockets: socket.socket) -> None:
 
 
 # -- a Redis in front of the real one that catches a worker right after a terminal commit --------
-
-
-def _resp_command(buffer: bytes) -> tuple[list[bytes], int] | None:
-    """The first complete command in ``buffer`` (a RESP array of bulk strings) and its size."""
-    end = buffer.find(b"\r\n")
-    if end < 0:
-        return None
-    assert buffer[:1] == b"*", buffer[:50]
-    position, args = end + 2, []
-    for _ in range(int(buffer[1:end])):
-        end = buffer.find(b"\r\n", position)
-        if end < 0:
-            return None
-        size = int(buffer[position + 1 : end])
-        start = end + 2
-        if len(buffer) < start + size + 2:
-            return None
-        args.append(buffer[start : start + size])
-        position = start + size + 2
-    return args, position
-
-
-class WakeUpTrap:
-    """A Redis proxy for one worker: every command goes through to the real Redis, except the
-    event wake-up the worker publishes for a task that is already terminal. That PUBLISH is
-    held, unanswered, and ``caught`` is set.
-
-    A worker publishes a commit's wake-up once the commit is done and before it hands the
-    commit's webhooks to its sender, so while the PUBLISH is held the worker sits exactly
-    between the task's terminal commit and sending its webhook.
-    """
-
-    def __init__(self, redis_url: str) -> None:
-        self._redis_url = urlsplit(redis_url)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self.caught = threading.Event()
-        self.caught_task: str | None = None
-
-    @property
-    def url(self) -> str:
-        port = self._listener.getsockname()[1]
-        return self._redis_url._replace(netloc=f"127.0.0.1:{port}").geturl()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
-
-    def _relay(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(
-            (self._redis_url.hostname or "127.0.0.1", self._redis_url.port or 6379)
-        )
-        with self._lock:
-            self._sockets += [client, upstream]
-        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
-        buffer = b""
-        try:
-            while data := client.recv(65536):
-                buffer += data
-                while parsed := _resp_command(buffer):
-                    args, size = parsed
-                    if self._holds(args):
-                        return  # never forwarded, never answered
-                    upstream.sendall(buffer[:size])
-                    buffer = buffer[size:]
-        except OSError:
-            return
-
-    def _holds(self, args: list[bytes]) -> bool:
-        from shared.constants import EVENTS_CHANNEL_PREFIX
-
-        if self.caught.is_set() or args[0].upper() != b"PUBLISH":
-            return False
-        channel = args[1].decode()
-        if not channel.startswith(EVENTS_CHANNEL_PREFIX):
-            return False
-        task_id = channel.removeprefix(EVENTS_CHANNEL_PREFIX)
-        if task_status(task_id) not in TERMINAL:
-            return False
-        self.caught_task = task_id
-        self.caught.set()
-        return True
-
-    def __enter__(self) -> WakeUpTrap:
-        threading.Thread(target=self._serve, name="wake-up-trap", daemon=True).start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._listener.close()
-        with self._lock:
-            _close(*self._sockets)
 
 
 def task_status(task_id: str) -> str | None:
@@ -720,32 +618,31 @@ def test_a_worker_killed_right_after_the_terminal_commit_still_gets_the_webhook_
     stack: StackFactory, tenant: TenantHandle, receiver: WebhookReceiver
 ) -> None:
     fleet = stack(workers=0, env=FAST)
-    with WakeUpTrap(fleet.env["RATCHET_REDIS_URL"]) as trap:
-        real = {k: fleet.env[k] for k in ("RATCHET_REDIS_URL", "RATCHET_SWEEP_INTERVAL_SECONDS")}
-        # The doomed worker talks to Redis through the trap, and never sweeps.
-        fleet.env.update({"RATCHET_REDIS_URL": trap.url, "RATCHET_SWEEP_INTERVAL_SECONDS": "3600"})
-        doomed = fleet.start_worker(concurrency=1)
-        fleet.env.update(real)
-        with fleet.client(headers=tenant.headers) as http:
-            task = submit(http, quick_task(webhook={"url": receiver.url("/after-crash")}))
+    sweeps = fleet.env["RATCHET_SWEEP_INTERVAL_SECONDS"]
+    # The doomed worker kills itself once the task's terminal commit is done and before it
+    # hands that commit's webhook to its sender; it never sweeps.
+    fleet.env.update(
+        {"RATCHET_FAILPOINTS": "before_webhooks=kill", "RATCHET_SWEEP_INTERVAL_SECONDS": "3600"}
+    )
+    doomed = fleet.start_worker(concurrency=1)
+    del fleet.env["RATCHET_FAILPOINTS"]
+    fleet.env["RATCHET_SWEEP_INTERVAL_SECONDS"] = sweeps
+    with fleet.client(headers=tenant.headers) as http:
+        task = submit(http, quick_task(webhook={"url": receiver.url("/after-crash")}))
+        deadline = time.monotonic() + 30
+        while task_status(task["id"]) != "succeeded" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fleet.kill_worker(doomed)  # the rest of it, lest its pool start another process
 
-            assert trap.caught.wait(timeout=30), "the worker never published the terminal wake-up"
-            assert trap.caught_task == task["id"]
-            states = delivery_states(task["id"])
-            fleet.kill_worker(doomed)
+        assert task_status(task["id"]) == "succeeded"
+        assert delivery_states(task["id"]) == [("task.succeeded", "pending", 0)]
+        time.sleep(0.5)
+        assert receiver.received() == []  # the send it was about to make is lost
 
-            assert task_status(task["id"]) == "succeeded"
-            assert states == [("task.succeeded", "pending", 0)], (
-                "the webhook went out before the wake-up: the trap no longer catches the worker "
-                "between the commit and the send"
-            )
-            time.sleep(0.5)
-            assert receiver.received() == []  # the send it was about to make is lost
-
-            fleet.start_worker()  # its sweeper finds the pending delivery
-            [request] = receiver.wait_for(1, timeout=20)
-            listed = wait_for_delivery(http, task["id"], "delivered")
-            time.sleep(1.0)  # a duplicate would show up now
+        fleet.start_worker()  # its sweeper finds the pending delivery
+        [request] = receiver.wait_for(1, timeout=20)
+        listed = wait_for_delivery(http, task["id"], "delivered")
+        time.sleep(1.0)  # a duplicate would show up now
 
     assert len(receiver.received()) == 1
     assert request.webhook_id == listed["webhook_id"]

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from shared import notify
+from shared import failpoints, notify
 from shared.errors import CancelRequested
 from shared.store.backends import write_session
 from shared.store.batch import Part
@@ -32,6 +32,8 @@ def after_commit(task_id: str, deliveries: list[str]) -> None:
     """Once events are committed: send their webhooks and wake their readers. Neither may
     fail the step: the sweeper re-sends due deliveries, and readers poll as a fallback."""
     notify.publish([task_id])
+    if deliveries:
+        failpoints.hit("before_webhooks")
     webhook_sender.dispatch(deliveries)
 
 
