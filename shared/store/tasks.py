@@ -6,15 +6,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ColumnElement,
+    Table,
+    bindparam,
+    case,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from shared.errors import Conflict, NotFound
 from shared.ids import new_id
 from shared.observability import metrics
 from shared.store import outbox
+from shared.store.backends import fetch_one
 from shared.store.db import now_ms
 from shared.store.events import insert_events
 from shared.store.tables import Task, TaskStatus, runnable, utcnow
@@ -70,19 +82,67 @@ def create_task(
         approval=spec.approval,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
-        # It waits in the backlog until the dispatcher admits it (shared.scheduling).
-        due_ms=spec.run_at_ms if spec.run_at_ms is not None else now_ms(),
-        admitted_ms=now_ms() if admitted else None,
         priority=spec.priority,
         run_at=_at(spec.run_at_ms),
         schedule_id=spec.schedule_id,
-        deadline_ms=now_ms() + int(spec.deadline_seconds * 1000) if spec.deadline_seconds else None,
         last_event_seq=1,  # task.queued, logged below
     )
-    session.add(task)
-    session.flush()  # the row first: the event references it
+    # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now
+    # (by the database's clock) unless it asked for later.
+    deadline_in_ms = int(spec.deadline_seconds * 1000) if spec.deadline_seconds else None
+    clock = {"due_at_ms": spec.run_at_ms, "admit": admitted, "deadline_in_ms": deadline_in_ms}
+    _insert(session, task, clock)  # the row first: the event references it
     _insert_logged(session, task, "task.queued", deliveries)
     return task
+
+
+# Set by the database's clock as the row goes in (see _insert): read back, not sent.
+_CLOCK_COLUMNS = ("due_ms", "admitted_ms", "deadline_ms")
+_COLUMNS = [
+    (column, Task.__mapper__.get_property_by_column(column).key)
+    for column in Task.__table__.columns
+    if column.key not in _CLOCK_COLUMNS
+]
+_inserts: dict[frozenset[str], Any] = {}
+
+
+def _insert(session: Session, task: Task, clock: dict[str, Any]) -> None:
+    """INSERT a new task as one statement compiled once (per set of columns) and sent
+    through the backend's compiled path: the ORM's flush of a new Task cost a sixth of the
+    API's CPU per submission. As the ORM would: the columns ``task`` has values for, and
+    the defaults of those it has not (set on ``task`` too); the rest stay SQL NULL. The
+    clock's columns come from the database: ``due_ms`` is ``due_at_ms`` or now,
+    ``admitted_ms`` now if ``admit``, ``deadline_ms`` now + ``deadline_in_ms``. The task
+    then joins the session as if loaded, every attribute present (none loads again)."""
+    state, values = task.__dict__, dict(clock)
+    for column, attribute in _COLUMNS:
+        if attribute not in state and column.default is not None:
+            default = column.default.arg
+            setattr(task, attribute, default(None) if callable(default) else default)
+        if attribute in state:
+            values[column.key] = state[attribute]
+        else:
+            setattr(task, attribute, None)
+    statement = _inserts.get(frozenset(values))
+    if statement is None:
+        statement = _inserts[frozenset(values)] = _insert_statement(values)
+    row = fetch_one(session, statement, values)
+    assert row is not None  # an INSERT … RETURNING returns its row
+    task.due_ms, task.admitted_ms, task.deadline_ms = row.due_ms, row.admitted_ms, row.deadline_ms
+    make_transient_to_detached(task)
+    session.add(task)
+
+
+def _insert_statement(values: dict[str, Any]) -> Any:
+    table = cast(Table, Task.__table__)
+    plain = {key: bindparam(key, type_=table.c[key].type) for key in values if key in table.c}
+    clock = {
+        "due_ms": func.coalesce(bindparam("due_at_ms", type_=BigInteger), now_ms()),
+        "admitted_ms": case((bindparam("admit", type_=Boolean), now_ms())),
+        "deadline_ms": now_ms() + bindparam("deadline_in_ms", type_=BigInteger),
+    }
+    columns = (table.c[key] for key in _CLOCK_COLUMNS)
+    return insert(table).values(plain | clock).returning(*columns)
 
 
 def _at(epoch_ms: int | None) -> datetime | None:

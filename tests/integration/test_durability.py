@@ -20,9 +20,10 @@ from sqlalchemy import select, update
 
 from shared.errors import LeaseLost
 from shared.failpoints import InjectedFault
+from shared.settings import get_settings
 from shared.store import leases, tasks, writes
 from shared.store.backends import write_session
-from shared.store.db import transaction
+from shared.store.db import now_ms, transaction
 from shared.store.tables import Step, Task, TaskEvent, ToolCall
 from tests.conftest import TenantHandle
 from tests.helpers import admit, calculator_script, scripted_task, tool_turn
@@ -389,6 +390,28 @@ def test_deadline_ends_the_task(
     error = task_row(task_id).error
     assert error is not None
     assert error["type"] == "deadline_exceeded"
+
+
+def test_a_new_task_takes_its_due_time_and_deadline_from_the_database_clock(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    """A submission is due at once and ends by its deadline, both by the database's clock
+    (the only clock leases trust), set as its row goes in; it waits in the backlog."""
+    with transaction() as session:
+        before = session.scalar(select(now_ms()))
+    task_id = submit(client, tenant, scripted_task(calculator_script(1)))
+    with transaction() as session:
+        after = session.scalar(select(now_ms()))
+    row = task_row(task_id)
+    assert before is not None
+    assert after is not None
+    assert row.due_ms is not None
+    assert before <= row.due_ms <= after
+    deadline_ms = int(get_settings().task_deadline_seconds * 1000)
+    assert row.deadline_ms is not None
+    assert before + deadline_ms <= row.deadline_ms <= after + deadline_ms
+    assert row.admitted_ms is None  # in the backlog until a dispatcher round admits it
+    assert (row.steps, row.attempt, row.lease_epoch, row.last_event_seq) == (0, 0, 0, 1)
 
 
 def test_sweeper_re_enqueues_a_task_whose_message_was_lost(
