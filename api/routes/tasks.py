@@ -12,7 +12,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api import params, submission
@@ -31,15 +30,14 @@ from api.schemas import (
 )
 from api.stream_limits import limits
 from shared import notify
-from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
+from shared.errors import InvalidRequest
 from shared.observability import metrics
 from shared.queue import enqueue_deliveries, enqueue_steps
-from shared.scheduling import caps
 from shared.scheduling.wake import wake
-from shared.settings import get_settings
 from shared.store import checkpoints, ledger, tasks
 from shared.store.db import get_sessionmaker
 from shared.store.tables import Step, Task, TaskStatus, ToolCall
+from shared.store.tenants import Principal
 from shared.views import TaskView, Usage, aware, task_view
 
 log = logging.getLogger("ratchet.api")
@@ -63,12 +61,6 @@ def _after_commit(
             wake()
     except Exception:
         log.exception("enqueue failed; the sweeper will retry", extra={"task_id": task.id})
-
-
-def _replay(existing: Task, digest: str) -> Task:
-    if existing.request_hash != digest:
-        raise IdempotencyMismatch
-    return existing
 
 
 async def submitted_task(request: Request, _: Writer) -> TaskCreate:
@@ -124,10 +116,9 @@ TERMINAL_RESPONSES = responses(
     summary="Submit a task",
     responses=SUBMIT_RESPONSES,
 )
-def submit_task(
+async def submit_task(
     body: Annotated[TaskCreate, Depends(submitted_task)],
     principal: Writer,
-    session: SessionDep,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -139,46 +130,20 @@ def submit_task(
 ) -> TaskView:
     """Returns at once with the queued task; a worker runs it. Only ``input`` is required.
     Needs the ``tasks:write`` scope."""
-    spec = submission.resolve(body, get_settings())
-    submission.check_rate(principal.tenant_name)
-    digest = submission.request_hash(body)
-    created = direct = False
-    deliveries: list[str] = []
-    try:
-        with session.begin():
-            existing = idempotency_key and tasks.find_by_idempotency_key(
-                session, principal.tenant_id, idempotency_key
-            )
-            if existing:
-                task = _replay(existing, digest)
-            else:
-                caps.check(session, principal.tenant_id, principal.tenant_name)
-                direct = submission.direct(session, principal.tenant_name, spec)
-                task = tasks.create_task(
-                    session,
-                    principal.tenant_id,
-                    spec,
-                    idempotency_key=idempotency_key,
-                    request_hash=digest,
-                    deliveries=deliveries,
-                    admitted=direct,
-                )
-                created = True
-    except IntegrityError:
-        # A concurrent request with the same key committed first.
-        assert idempotency_key is not None
-        with session.begin():
-            existing = tasks.find_by_idempotency_key(session, principal.tenant_id, idempotency_key)
-        if existing is None:
-            raise Conflict("a request with this Idempotency-Key is in progress") from None
-        task, created = _replay(existing, digest), False
-    if created:
-        metrics.tasks_submitted.inc()
-        _after_commit(task, deliveries, run=True, direct=direct)
-    else:
+    done = await run_in_threadpool(_submit, principal, body, idempotency_key)
+    if not done.created:
         response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/tasks/{task.id}"
-    return task_view(task)
+    response.headers["Location"] = f"/v1/tasks/{done.task.id}"
+    return task_view(done.task)
+
+
+def _submit(principal: Principal, body: TaskCreate, key: str | None) -> submission.Submitted:
+    """The whole submission, its messages sent once it commits: one trip to the thread pool."""
+    done = submission.submit(principal.tenant_id, principal.tenant_name, body, key)
+    if done.created:
+        metrics.tasks_submitted.inc()
+        _after_commit(done.task, done.deliveries, run=True, direct=done.direct)
+    return done
 
 
 def _read_task(tenant_id: str, task_id: str) -> Task:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
+from sqlalchemy import Insert as InsertStatement
 from sqlalchemy import (
     Row,
     Select,
@@ -69,10 +70,11 @@ Part = Add | Change
 @dataclass
 class Batch:
     """``fence`` is an UPDATE of the task row returning ``id`` and ``last_event_seq`` (and
-    whatever else the caller wants back), or a SELECT … FOR NO KEY UPDATE of the same for a
-    write that changes nothing of the row; ``key`` names its shape for the statement cache."""
+    whatever else the caller wants back), a SELECT … FOR NO KEY UPDATE of the same for a
+    write that changes nothing of the row, or the INSERT of a new task returning the same;
+    ``key`` names its shape for the statement cache."""
 
-    fence: UpdateStatement | Select[Any]
+    fence: UpdateStatement | InsertStatement | Select[Any]
     key: Hashable
     params: dict[str, Any]
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
