@@ -19,6 +19,13 @@ RETRY_AFTER_SECONDS = 5
 QUEUE_LOCK_NAMESPACE = 0x5251  # "RQ": the advisory locks of tenants' queues
 
 
+def known_uncapped(tenant_name: str) -> bool:
+    """Whether the tenant has no cap, known without reading the database (from limits read
+    within the last second): then a submission counts nothing and locks nothing."""
+    cached = limits.peek()
+    return cached is not None and cached.tenant(tenant_name).max_queued is None
+
+
 def check(session: Session, tenant_id: str, tenant_name: str) -> None:
     """In the submission's transaction, before its insert: QueueFull past the cap."""
     cap = limits.cached(session).tenant(tenant_name).max_queued

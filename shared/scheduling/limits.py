@@ -190,6 +190,14 @@ def cached(session: Session) -> Limits:
     return limits
 
 
+def peek() -> Limits | None:
+    """The cached limits if they are fresh, without reading the database; else None."""
+    hit = _cache.get("limits")
+    if hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS:
+        return hit[1]
+    return None
+
+
 def forget_cache() -> None:
     _cache.clear()
 
