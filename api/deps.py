@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from shared.errors import KeyRejected
 from shared.ids import hash_secret
+from shared.settings import Settings
 from shared.store.db import get_sessionmaker
 from shared.store.tenants import ADMIN, OPERATOR, Principal, verify_key
 
+T = TypeVar("T")
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
@@ -100,8 +104,22 @@ async def get_principal(request: Request) -> Principal:
     key = bearer_key(request)
     principal = verified_keys.get(key)
     if principal is None:
-        principal = await run_in_threadpool(_verify, key)
+        principal = await with_connection(request, _verify, key)
     return principal
+
+
+def connection_turns(settings: Settings) -> anyio.CapacityLimiter:
+    """The API's turns at its database pool (made in its lifespan, on its event loop)."""
+    return anyio.CapacityLimiter(settings.db_pool_size)
+
+
+async def with_connection(request: Request, func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` on the thread pool, which takes and gives back one database connection,
+    once one of the pool's connections is free for it: a burst of requests waits here, on the
+    event loop, not in threads past the pool's size that each open a connection of their own
+    (and close it again: the churn cost more than the rest of a submission)."""
+    turns = getattr(request.app.state, "connection_turns", None)
+    return await anyio.to_thread.run_sync(functools.partial(func, *args), limiter=turns)
 
 
 def require(scope: str) -> Callable[[Principal], Awaitable[Principal]]:

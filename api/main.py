@@ -15,6 +15,7 @@ from fastapi_offline import FastAPIOffline
 
 from api import dashboard, problems
 from api.body_limit import BodyLimitMiddleware
+from api.deps import connection_turns
 from api.event_hub import hub
 from api.params import reject_nul
 from api.problems import REASONS, Problem, responses
@@ -42,8 +43,9 @@ from shared.webhooks import egress
 
 
 @asynccontextmanager
-async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     require_migrated()  # refuse to serve on a schema older than the code
+    app.state.connection_turns = connection_turns(get_settings())
     egress.warn_if_open(get_settings())
     get_registry()
     await hub.start()

@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from api import params, submission
-from api.deps import Reader, SessionDep, Writer
+from api.deps import Reader, SessionDep, Writer, with_connection
 from api.event_hub import hub
 from api.params import cursor_after, parse_seq
 from api.problems import responses
@@ -117,6 +117,7 @@ TERMINAL_RESPONSES = responses(
     responses=SUBMIT_RESPONSES,
 )
 async def submit_task(
+    request: Request,
     body: Annotated[TaskCreate, Depends(submitted_task)],
     principal: Writer,
     response: Response,
@@ -130,7 +131,7 @@ async def submit_task(
 ) -> TaskView:
     """Returns at once with the queued task; a worker runs it. Only ``input`` is required.
     Needs the ``tasks:write`` scope."""
-    done = await run_in_threadpool(_submit, principal, body, idempotency_key)
+    done = await with_connection(request, _submit, principal, body, idempotency_key)
     if not done.created:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/tasks/{done.task.id}"

@@ -4,6 +4,8 @@ none, and no BEGIN or COMMIT around it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,3 +122,53 @@ def test_a_task_whose_event_cannot_be_written_is_not_created(
     with transaction() as session:
         count = session.scalar(select(func.count()).where(Task.tenant_id == tenant.id))
     assert count == 1  # the warm-up's alone
+
+
+def test_a_burst_of_submissions_waits_for_the_pool_not_past_it(
+    service_env: dict[str, str], tenant: TenantHandle
+) -> None:
+    """Submissions take turns at the pool's connections on the event loop: a burst larger
+    than the pool never holds more connections at once than the pool keeps (no overflow
+    connection opened, and closed, per request), and every submission gets in."""
+    import httpx
+
+    from api.main import create_app
+    from shared.settings import get_settings
+    from shared.store.db import get_engine
+
+    held = peak = 0
+
+    def checkout(*_: Any) -> None:
+        nonlocal held, peak
+        held += 1
+        peak = max(peak, held)
+        time.sleep(0.02)  # every submission overlaps the others
+
+    def checkin(*_: Any) -> None:
+        nonlocal held
+        held -= 1
+
+    async def burst(count: int) -> list[int]:
+        app = create_app()
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+                responses = await asyncio.gather(
+                    *(
+                        http.post("/v1/tasks", json={"input": f"hi {i}"}, headers=tenant.headers)
+                        for i in range(count)
+                    )
+                )
+        return [r.status_code for r in responses]
+
+    pool = get_engine().pool
+    event.listen(pool, "checkout", checkout)
+    event.listen(pool, "checkin", checkin)
+    try:
+        statuses = asyncio.run(burst(4 * get_settings().db_pool_size))
+    finally:
+        event.remove(pool, "checkout", checkout)
+        event.remove(pool, "checkin", checkin)
+
+    assert statuses == [202] * (4 * get_settings().db_pool_size)
+    assert 1 < peak <= get_settings().db_pool_size
