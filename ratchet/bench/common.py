@@ -72,17 +72,40 @@ def bench_tenant() -> str:
         return create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}").id
 
 
-def bench_key() -> tuple[str, str]:
+def bench_key(*, worker: bool = True) -> tuple[str, str]:
     """A throw-away tenant and a key that may submit and read (:func:`drop_tenant` removes
-    both), once the database is known to be migrated."""
+    both), once the database is known to be migrated and (for a benchmark that runs a
+    ``worker``) holds no unfinished tasks."""
     from shared.store.db import require_migrated, transaction
     from shared.store.tenants import create_key, create_tenant
 
     require_migrated()
+    if worker:
+        require_no_backlog()
     with transaction() as session:
         tenant = create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}")
         key = create_key(session, tenant, ("tasks:read", "tasks:write"))
         return tenant.id, key
+
+
+def require_no_backlog() -> None:
+    """Stop, with one line, if the database holds unfinished tasks: the benchmark's worker
+    would admit and run them too (calling the stub model, taking its threads), and its
+    figures would measure them."""
+    from sqlalchemy import func, select
+
+    from shared.store.db import transaction
+    from shared.store.tables import Task, TaskStatus
+
+    with transaction() as session:
+        count = session.scalar(select(func.count()).where(Task.status.in_(TaskStatus.RUNNABLE)))
+    if count:
+        typer.echo(
+            f"the database holds {count} queued or running tasks, which this benchmark's worker "
+            "would run too: give it a database of its own (RATCHET_DATABASE_URL)",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 def new_task(tenant_id: str, script: list[dict[str, Any]]) -> str:

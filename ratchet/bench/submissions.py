@@ -175,7 +175,7 @@ def api(
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     # No worker: its messages stay put. The model is never called, but it must be configured.
     env = {**os.environ, "RATCHET_QUEUE_NAME": queue, "RATCHET_OPENAI_API_KEY": "bench"}
-    tenant_id, key = bench_key()
+    tenant_id, key = bench_key(worker=False)  # no worker: other tasks stay put
     machine = host()
     ratchet = Target(
         lambda port: Child("ratchet", "api", "--port", str(port), env=env),
