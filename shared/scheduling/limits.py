@@ -182,9 +182,9 @@ _cache: dict[str, tuple[float, Limits]] = {}
 def cached(session: Session) -> Limits:
     """``in_force``, read at most once a second per process (a change at runtime applies
     within that second)."""
-    hit = _cache.get("limits")
-    if hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS:
-        return hit[1]
+    fresh = peek()
+    if fresh is not None:
+        return fresh
     limits = in_force(session)
     _cache["limits"] = (time.monotonic(), limits)
     return limits

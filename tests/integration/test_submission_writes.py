@@ -5,6 +5,7 @@ none, and no BEGIN or COMMIT around it."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -137,12 +138,18 @@ def test_a_burst_of_submissions_waits_for_the_pool_not_past_it(
     from shared.store.db import get_engine
 
     held = peak = 0
+    overlapping = threading.Event()
 
     def checkout(*_: Any) -> None:
         nonlocal held, peak
         held += 1
         peak = max(peak, held)
-        time.sleep(0.02)  # every submission overlaps the others
+        if held > 1:
+            overlapping.set()
+        # The first holder waits for a second (the burst has plenty), then every holder
+        # lingers: the submissions overlap whatever the machine's load.
+        overlapping.wait(10)
+        time.sleep(0.02)
 
     def checkin(*_: Any) -> None:
         nonlocal held
