@@ -207,12 +207,18 @@ def background_cores(seconds: float = 2.0) -> float:
 @dataclass
 class Worker:
     """A Celery worker steered by remote control: paused while a backlog is loaded, so a
-    measurement covers executing the backlog and nothing before it."""
+    measurement covers executing the backlog and nothing before it.
+
+    ``queue`` is the measured queue; ``others`` the rest the worker consumes (Ratchet's
+    webhooks queue). Pausing stops them all and resuming takes the measured queue first:
+    a worker still waiting on another queue would only add the measured one at the end of
+    that wait (the broker's blocking pop lasts up to a second), not when it is resumed."""
 
     control: Celery
     hostname: str
     queue: str
     child: Child
+    others: tuple[str, ...] = ()
 
     def wait_ready(self) -> None:
         def answers() -> bool:
@@ -222,16 +228,18 @@ class Worker:
         wait_until(answers, what=what, child=self.child, seconds=120)
 
     def pause(self) -> None:
-        replies = self.control.control.cancel_consumer(
-            self.queue, destination=[self.hostname], reply=True
-        )
-        self._check(replies, action="pause")
+        for queue in (self.queue, *self.others):
+            replies = self.control.control.cancel_consumer(
+                queue, destination=[self.hostname], reply=True
+            )
+            self._check(replies, action="pause")
 
     def resume(self) -> None:
-        replies = self.control.control.add_consumer(
-            self.queue, destination=[self.hostname], reply=True
-        )
-        self._check(replies, action="resume")
+        for queue in (self.queue, *self.others):
+            replies = self.control.control.add_consumer(
+                queue, destination=[self.hostname], reply=True
+            )
+            self._check(replies, action="resume")
 
     def cpu_seconds(self) -> float:
         return tree_cpu_seconds(self.child.pid)
