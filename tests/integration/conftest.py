@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -37,3 +38,23 @@ def drive(backend_env: dict[str, str]) -> Callable[..., str]:
         raise AssertionError(f"task {task_id} did not finish within {max_messages} steps")
 
     return run
+
+
+@pytest.fixture
+def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file the sample agents' tools write each side effect to, one line each."""
+    path = tmp_path / "journal"
+    path.touch()
+    monkeypatch.setenv("RATCHET_TEST_JOURNAL", str(path))
+    return path
+
+
+@pytest.fixture
+def failpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Sets ``RATCHET_FAILPOINTS`` (e.g. ``after_model_commit=raise``); cleared after."""
+
+    def set_failpoints(spec: str) -> None:
+        monkeypatch.setenv("RATCHET_FAILPOINTS", spec)
+
+    yield set_failpoints
+    monkeypatch.delenv("RATCHET_FAILPOINTS", raising=False)

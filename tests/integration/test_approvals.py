@@ -23,14 +23,6 @@ WIRE = tool_turn("wire_money", to="alice", amount=900)
 DONE = {"content": "done"}
 
 
-@pytest.fixture
-def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "journal"
-    path.touch()
-    monkeypatch.setenv("RATCHET_TEST_JOURNAL", str(path))
-    return path
-
-
 def start(
     client: TestClient, tenant: TenantHandle, script: list[dict[str, Any]], **extra: Any
 ) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +46,6 @@ def model_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, int]]:
 
     monkeypatch.setattr(ScriptedProvider, "complete", counting)
     return calls
-
-
-@pytest.fixture
-def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "journal"
-    path.touch()
-    monkeypatch.setenv("RATCHET_TEST_JOURNAL", str(path))
-    return path
-
-
-@pytest.fixture
-def failpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
-    def set_failpoints(spec: str) -> None:
-        monkeypatch.setenv("RATCHET_FAILPOINTS", spec)
-
-    yield set_failpoints
-    monkeypatch.delenv("RATCHET_FAILPOINTS", raising=False)
 
 
 def submit(client: TestClient, tenant: TenantHandle, body: dict[str, Any]) -> str:

@@ -55,6 +55,8 @@ class Context:
     # call's outcome (kept for the next step on this thread).
     said: list[Message] = field(default_factory=list)
     outcomes: dict[str, tool_runner.Outcome] = field(default_factory=dict)
+    # Calls whose ``started`` row this lease already wrote (with the model's response).
+    started: set[str] = field(default_factory=set)
 
 
 def load_context(session: Session, lease: Lease) -> Context:

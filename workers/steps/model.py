@@ -33,6 +33,7 @@ from workers import cancels, heartbeat, model_calls
 from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import ToolSchema
 from workers.steps.context import Context
+from workers.steps.tools import start_with_response
 from workers.steps.writes import TaskEnded, cancel, fail, fenced
 
 log = logging.getLogger("ratchet.step")
@@ -154,9 +155,12 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         latency_ms=answer.latency_ms,
         started_at=answer.started_at,
     )
+    first = None if final or over_budget else start_with_response(ctx, response.tool_calls)
     with fenced(ctx) as writes:
         writes.set(change)
         writes.add(checkpoints.model_response(lease, call, final=final))
+        if first is not None:
+            writes.add(first)
     return final or bool(over_budget)
 
 

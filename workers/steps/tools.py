@@ -44,24 +44,18 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
             )
             return last
         call = replace(call, arguments=row.arguments)  # as approved, or as edited
-        start: Part = ledger.approved_start(lease, call_id)
+        start: Part | None = ledger.approved_start(lease, call_id)
     elif row is not None and row.status != ledger.STARTED:
         return False
     elif row is not None and tool is not None and not tool.idempotent:
         return resolve_unknown_outcome(ctx, tool, call_id, last=last)
     elif row is None:
-        start = ledger.started(
-            lease,
-            position=position,
-            call_id=call_id,
-            provider_call_id=call.id,
-            tool=call.name,
-            arguments=call.arguments,
-        )
+        start = None if call_id in ctx.started else _started(ctx, position, call)
     else:
         start = ledger.rerun(lease, call_id)
-    with fenced(ctx) as writes:
-        writes.add(start)
+    if start is not None:
+        with fenced(ctx) as writes:
+            writes.add(start)
     failpoints.hit("tool_call")
     try:
         outcome = invoke(ctx, tool, call, call_id)
@@ -77,6 +71,36 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         return resolve_unknown_outcome(ctx, tool, call_id, why=why, last=last)
     record_outcome(ctx, call_id=call_id, name=call.name, outcome=outcome, last=last)
     return last
+
+
+def _started(ctx: Context, position: int, call: ToolCallRequest) -> Part:
+    return ledger.started(
+        ctx.lease,
+        position=position,
+        call_id=ledger.call_id(ctx.lease.step, position),
+        provider_call_id=call.id,
+        tool=call.name,
+        arguments=call.arguments,
+    )
+
+
+def start_with_response(ctx: Context, calls: list[ToolCallRequest]) -> Part | None:
+    """The ``started`` row of the answer's first call, to commit with the answer itself, if
+    that call will run at once and may run again: a known idempotent tool, its arguments
+    valid, no approval to wait for. One write fewer per tool step. Were the worker to die
+    between that commit and the call, the resumed step finds the call ``started`` and runs
+    it again, as an idempotent call is after any crash. (Any other call's row is written
+    just before it runs: its ``started`` says it may have run.)"""
+    if not calls:
+        return None
+    call, call_id = calls[0], ledger.call_id(ctx.lease.step, 0)
+    tool = ctx.tools.get(call.name)
+    if tool is None or not tool.idempotent or call_id in ctx.calls:
+        return None
+    if call.invalid_arguments is not None or approvals.needs_approval(ctx, call):
+        return None
+    ctx.started.add(call_id)
+    return _started(ctx, 0, call)
 
 
 def invoke(
