@@ -4,8 +4,10 @@ is down loses wake-ups (readers poll) without raising into the step."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections.abc import Iterable
 
 import redis
 
@@ -69,3 +71,46 @@ def test_a_submissions_dispatcher_wake_up_reaches_the_dispatcher(
     assert not waiter.wait(0.01)  # subscribed, and nothing sent yet
     wake.wake()
     assert waiter.wait(WAIT)
+
+
+class _Recording(notify.Publisher):
+    """A publisher that notes when each of its pipelines starts, and what it carries."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.sent: list[tuple[float, int]] = []
+        super().__init__(client)
+
+    def send(self, channel_names: Iterable[str]) -> None:
+        names = list(channel_names)
+        self.sent.append((time.monotonic(), len(names)))
+        super().send(names)
+
+
+def test_a_burst_of_wake_ups_gathers_into_pipelines_a_gap_apart(
+    service_env: dict[str, str],
+) -> None:
+    prefix = f"burst-{time.monotonic_ns()}-"
+    url = get_settings().redis_url
+    pubsub = _subscribed(url, notify.channel(prefix) + "*")
+    publisher = _Recording(redis.Redis.from_url(url))
+    names = [notify.channel(f"{prefix}{n}") for n in range(300)]
+    publisher.put(names[0])  # the publisher is idle: out at once
+    while not publisher.sent:
+        time.sleep(0.001)
+    for name in names[1:]:  # one went out just now: these gather for the gap
+        publisher.put(name)
+
+    woken: set[str] = set()
+    deadline = time.monotonic() + WAIT
+    while len(woken) < len(names) and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=1)
+        if message is not None:
+            woken.add(message["channel"].decode())
+    pubsub.close()
+
+    assert woken == set(names)  # nothing lost
+    starts = [at for at, _ in publisher.sent]
+    assert sum(count for _, count in publisher.sent) == len(names)  # nothing twice
+    assert 2 <= len(starts) < len(names)  # gathered
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert all(gap >= notify.PIPELINE_GAP_SECONDS * 0.99 for gap in gaps), gaps
