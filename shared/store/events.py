@@ -3,7 +3,6 @@ are reserved by the task row's UPDATE; see ``writes.write`` and ``insert_events`
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,9 +46,10 @@ def model_response_data(
 ) -> dict[str, Any]:
     """The ``step.model_response`` event: the answer (as its checkpoint holds it), its tool
     calls' ids and its usage. Built so when it is written and again when it is read."""
-    said = copy.deepcopy(said)
-    for position, call in enumerate(said.get("tool_calls") or []):
-        call["call_id"] = ledger.call_id(step, position)  # the id the ledger and API use
+    calls = said.get("tool_calls")
+    if calls:  # each call with the id the ledger and API use (copied: ``said`` is not changed)
+        calls = [call | {"call_id": ledger.call_id(step, p)} for p, call in enumerate(calls)]
+        said = said | {"tool_calls": calls}
     usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost_usd}
     return {"step": step, **said, "usage": usage}
 
