@@ -43,6 +43,10 @@ from shared.store.db import now_ms
 from shared.store.tables import Task, TaskStatus, Tenant, runnable
 
 PER_TENANT = 32  # candidates read per tenant and round: at most this many admitted each
+# ... unless the last round read fewer tenants than its budget had room for: then each is
+# read for an equal share of the budget, up to this many (a single busy tenant fills the
+# window in two rounds rather than eight; a round reads at most four times what it did).
+PER_TENANT_MAX = 128
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,12 @@ class Rotation:
 
     served: dict[str, int] = field(default_factory=dict)
     _tick: itertools.count[int] = field(default_factory=itertools.count)
+    tenants_read: int = 0  # how many tenants the last round read due tasks of
+
+    def per_tenant(self, budget: int) -> int:
+        """How many due tasks of each tenant a round of ``budget`` reads."""
+        share = budget // self.tenants_read if self.tenants_read else PER_TENANT
+        return min(budget, max(PER_TENANT, min(share, PER_TENANT_MAX)))
 
     def order(self, tenant_ids: Sequence[str]) -> list[str]:
         return sorted(tenant_ids, key=lambda t: (self.served.get(t, -1), t))
@@ -242,11 +252,12 @@ def admission_round(
     budget = min(capacity - use.total, window - use.in_queue)
     if budget <= 0:
         return Round([], waiting=True)
-    per_tenant = min(budget, PER_TENANT) if fair else budget
+    per_tenant = rotation.per_tenant(budget) if fair else budget
     found = candidates(session, per_tenant=per_tenant, fair=fair)
     picked = choose(found, limits=limits, use=use, budget=budget, fair=fair, rotation=rotation)
     admitted = admit(session, picked)
     read = Counter(c.tenant_id for c in found)
+    rotation.tenants_read = len(read)
     capped = any(n >= per_tenant for n in read.values())
     more = capped and len(admitted) < budget and len(picked) == len(found)
     unread = capped if fair else len(found) >= per_tenant  # maybe more due than was read
