@@ -148,7 +148,7 @@ class Rotation:
 
     served: dict[str, int] = field(default_factory=dict)
     _tick: itertools.count[int] = field(default_factory=itertools.count)
-    tenants_read: int = 0  # how many tenants the last round read due tasks of
+    tenants_read: int = 0  # how many tenants the last round that read any read due tasks of
 
     def per_tenant(self, budget: int) -> int:
         """How many due tasks of each tenant a round of ``budget`` reads."""
@@ -257,7 +257,8 @@ def admission_round(
     picked = choose(found, limits=limits, use=use, budget=budget, fair=fair, rotation=rotation)
     admitted = admit(session, picked)
     read = Counter(c.tenant_id for c in found)
-    rotation.tenants_read = len(read)
+    if read:  # an empty round says nothing of how many tenants the next burst comes from
+        rotation.tenants_read = len(read)
     capped = any(n >= per_tenant for n in read.values())
     more = capped and len(admitted) < budget and len(picked) == len(found)
     unread = capped if fair else len(found) >= per_tenant  # maybe more due than was read

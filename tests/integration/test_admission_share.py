@@ -64,6 +64,8 @@ def test_a_single_busy_tenant_is_read_for_the_whole_share_after_the_first_round(
     assert _round(rotation) == PER_TENANT  # one tenant read: it learns that
     assert _round(rotation) == PER_TENANT_MAX
     assert _round(rotation) == 200 - PER_TENANT - PER_TENANT_MAX
+    assert _round(rotation) == 0
+    assert rotation.tenants_read == 1  # kept for the next burst: it starts at the share
     with transaction() as session:
         waiting = select(func.count()).where(
             Task.tenant_id == tenant.id, Task.admitted_ms.is_(None)
