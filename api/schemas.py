@@ -232,7 +232,11 @@ class ToolCallOut(BaseModel):
     result: Any
     error: str | None
     idempotency_key: str
-    runs: int
+    runs: int = Field(
+        description="how many times the call was started: a crash between a start and its "
+        "outcome leaves the run unknown, and an idempotent call is then run again (so its "
+        "effect happened at most this many times, and at least once if it succeeded)"
+    )
     started_at: datetime
     finished_at: datetime | None
     approval: CallApproval | None = Field(

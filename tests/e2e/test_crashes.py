@@ -600,7 +600,8 @@ def check_chaos_run(
 # ledger counts for it; None when the kill is outside any tool call.
 KILL_POINTS: dict[str, tuple[int, int] | None] = {
     "model_call": None,
-    "after_model_commit": None,
+    # The answer's commit also started its (idempotent) call: never sent, sent once on the re-run.
+    "after_model_commit": (1, 2),
     "tool_call": (1, 2),  # started in the ledger, never sent: sent once, on the re-run
     "after_tool": (2, 2),  # sent, outcome lost: re-sent with the same key
     "after_step_commit": None,
