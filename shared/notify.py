@@ -63,19 +63,17 @@ class Publisher:
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._pending: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._started = 0.0  # when the last pipeline started (monotonic)
         threading.Thread(target=self._run, name="ratchet-wake-ups", daemon=True).start()
 
     def put(self, channel_name: str) -> None:
         self._pending.put(channel_name)
 
     def _run(self) -> None:
-        last = 0.0
         while True:
             first = self._pending.get()
-            gap = last + PIPELINE_GAP_SECONDS - time.monotonic()
-            if gap > 0:
+            while (gap := self._started + PIPELINE_GAP_SECONDS - time.monotonic()) > 0:
                 time.sleep(gap)  # the last pipeline went out just now: let more gather
-            last = time.monotonic()
             gathered = {first}  # a channel named twice is woken once
             while len(gathered) < BATCH_MAX:
                 try:
@@ -85,6 +83,7 @@ class Publisher:
             self.send(gathered)
 
     def send(self, channel_names: Iterable[str]) -> None:
+        self._started = time.monotonic()  # the next pipeline goes a gap after this one
         try:
             with self._client.pipeline(transaction=False) as pipe:
                 for name in channel_names:

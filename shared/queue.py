@@ -75,7 +75,12 @@ def get_celery() -> Celery:
 
 def webhook_queue(settings: Settings) -> str:
     """Webhook sends have a queue of their own, listed first so a worker takes them first."""
-    return f"{settings.queue_name}.webhooks"
+    return webhook_queue_of(settings.queue_name)
+
+
+def webhook_queue_of(queue_name: str) -> str:
+    """The webhook queue that goes with the steps queue ``queue_name``."""
+    return f"{queue_name}.webhooks"
 
 
 def enqueue_deliveries(delivery_ids: list[str], *, delay_s: float = 0) -> None:

@@ -158,7 +158,7 @@ class Ratchet:
         import redis
         from sqlalchemy import update
 
-        from shared.constants import DISPATCH_CHANNEL_PREFIX
+        from shared.scheduling.wake import channel
         from shared.settings import get_settings
         from shared.store.db import now_ms, transaction
         from shared.store.tables import Task
@@ -169,7 +169,7 @@ class Ratchet:
         # (a wake-up there was lost: the dispatcher found the backlog on its next idle look,
         # up to a quarter of a second into the measured span).
         client = redis.Redis.from_url(get_settings().redis_url)
-        client.publish(DISPATCH_CHANNEL_PREFIX + self.worker.queue, "1")
+        client.publish(channel(self.worker.queue), "1")
         client.close()
 
     def done(self) -> bool:
@@ -222,7 +222,7 @@ def start_ratchet(
     stack: ExitStack, run: str, *, key: str, processes: int, live: bool = False
 ) -> Ratchet:
     """``ratchet api`` and ``ratchet worker`` on a queue of this run's own, the worker paused."""
-    from shared.queue import get_celery
+    from shared.queue import get_celery, webhook_queue_of
 
     env = {**os.environ, "RATCHET_QUEUE_NAME": f"bench-{run}"}
     port = free_port()
@@ -235,7 +235,7 @@ def start_ratchet(
     url = f"http://127.0.0.1:{port}"
     wait_ok(f"{url}/readyz", api)
     queue = env["RATCHET_QUEUE_NAME"]
-    worker = Worker(get_celery(), hostname, queue, child, others=(f"{queue}.webhooks",))
+    worker = Worker(get_celery(), hostname, queue, child, others=(webhook_queue_of(queue),))
     worker.wait_ready()
     return Ratchet(worker, url, key, live=live)
 

@@ -18,8 +18,9 @@ log = logging.getLogger("ratchet.dispatch")
 _local = threading.Event()
 
 
-def channel() -> str:
-    return DISPATCH_CHANNEL_PREFIX + get_settings().queue_name
+def channel(queue_name: str | None = None) -> str:
+    """The channel the dispatcher of ``queue_name`` (this process's queue) listens on."""
+    return DISPATCH_CHANNEL_PREFIX + (queue_name or get_settings().queue_name)
 
 
 def wake() -> None:

@@ -90,7 +90,8 @@ def start_with_response(ctx: Context, calls: list[ToolCallRequest]) -> Part | No
     valid, no approval to wait for. One write fewer per tool step. Were the worker to die
     between that commit and the call, the resumed step finds the call ``started`` and runs
     it again, as an idempotent call is after any crash. (Any other call's row is written
-    just before it runs: its ``started`` says it may have run.)"""
+    just before it runs: its ``started`` says it may have run.) Notes the call in
+    ``ctx.started``, so that it is not started a second time."""
     if not calls:
         return None
     call, call_id = calls[0], ledger.call_id(ctx.lease.step, 0)
