@@ -34,7 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import bindparam
@@ -56,11 +56,24 @@ class PostgreSQL:
     @contextmanager
     def write_session(self, *, heartbeat: bool = False) -> Iterator[Session]:
         """Autocommit: each statement (a whole batch) commits on its own, which saves the
-        round trips of BEGIN and COMMIT."""
+        round trips of BEGIN and COMMIT.
+
+        The driver's connection is switched to autocommit for the block and back before it
+        returns to the pool, and the step's statements (:func:`fetch_compiled`) go through it
+        without the session beginning a transaction of its own: SQLAlchemy's isolation-level
+        switch, the session's transaction and their resets cost a write about as much CPU as
+        the statement itself (measured: 215 µs against 145 µs for a one-row read). The session
+        still serves ORM reads, each a statement committed on its own."""
         with get_engine(heartbeat=heartbeat).connect() as connection:
-            autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
-            with get_sessionmaker()(bind=autocommit) as session:
-                yield session
+            driver = connection.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            driver.autocommit = True
+            try:
+                with get_sessionmaker()(bind=connection) as session:
+                    yield session
+            finally:
+                if not driver.closed:  # a dropped connection is thrown away, not reused
+                    driver.autocommit = False
 
     def fetch_one(self, session: Session, statement: Any, params: dict[str, Any]) -> Any | None:
         return fetch_compiled(session, statement, params)
@@ -139,7 +152,10 @@ def fetch_compiled(session: Session, statement: Any, params: dict[str, Any]) -> 
     than the database does. Errors come out as SQLAlchemy's, a dropped connection
     invalidated.
     """
-    connection = session.connection()
+    # A write session's own connection (autocommit) as is; any other session's in its
+    # transaction.
+    bind = session.bind
+    connection = bind if isinstance(bind, Connection) else session.connection()
     compiled = _compile(statement, connection.dialect)
     if not compiled.required <= params.keys():
         missing = ", ".join(sorted(compiled.required - params.keys()))
