@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
@@ -126,9 +127,10 @@ def limited_call(
     still_held: Callable[[], bool] = lambda: True,
 ) -> ModelResponse:
     """One provider call inside every bucket that applies; the buckets see the real usage."""
-    takes = limits.call_takes(
-        model, tenant, tokens.request_tokens(request, model, default_output=DEFAULT_OUTPUT_ESTIMATE)
+    estimate = partial(
+        tokens.request_tokens, request, model, default_output=DEFAULT_OUTPUT_ESTIMATE
     )
+    takes = limits.call_takes(model, tenant, estimate)
     wait_for_capacity(takes, model)
     if not still_held():
         _refund(takes)

@@ -18,6 +18,7 @@ provider's reported usage afterwards.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -95,10 +96,20 @@ def _buckets(scope: str, spec: LimitSpec | None) -> tuple[Bucket | None, Bucket 
     return requests, tokens
 
 
-def call_takes(model: str, tenant: str, estimated_tokens: int) -> list[Take]:
+def call_takes(model: str, tenant: str, estimated_tokens: int | Callable[[], int]) -> list[Take]:
     """Every bucket a model call must pass, with what it costs each. With adaptive limits, a
-    model's buckets run at the share of their configured rate its 429s have left it."""
-    takes = []
+    model's buckets run at the share of their configured rate its 429s have left it.
+
+    ``estimated_tokens`` may be a function: the prompt is then counted only if a tokens
+    bucket applies (counting a long conversation with a tokenizer is work of its own)."""
+    takes: list[Take] = []
+    counted: list[int] = []
+
+    def estimate() -> int:
+        if not counted:
+            counted.append(estimated_tokens() if callable(estimated_tokens) else estimated_tokens)
+        return counted[0]
+
     for scope, spec in (
         (f"model:{model}", _model_spec(model)),
         (f"tenant:{tenant}", _tenant_spec(tenant)),
@@ -108,7 +119,7 @@ def call_takes(model: str, tenant: str, estimated_tokens: int) -> list[Take]:
         if requests:
             takes.append(Take(requests, 1))
         if tokens:
-            takes.append(Take(tokens, estimated_tokens))
+            takes.append(Take(tokens, estimate()))
     return takes
 
 
