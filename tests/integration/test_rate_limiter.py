@@ -317,6 +317,33 @@ def test_adaptive_limits_scale_the_models_buckets_only_when_on(
     assert {t.bucket.scope for t in takes} == {f"model:{model}:requests", f"model:{model}:tokens"}
 
 
+def test_the_prompt_is_counted_only_for_a_tokens_bucket(
+    rate_limits: Callable[[str], None],
+) -> None:
+    """Counting a long conversation with a tokenizer is work of its own: a call that no
+    tokens bucket applies to is not counted; one that two apply to is counted once."""
+    from shared.ratelimit import limits
+
+    requests_only, both = (f"test:{uuid.uuid4().hex[:8]}" for _ in range(2))
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    rate_limits(
+        f'{{"models": {{"{requests_only}": {{"requests": 100}}, "{both}": {{"tokens": 1000}}}},'
+        f' "tenants": {{"{tenant}": {{"tokens": 500}}}}}}'
+    )
+    counts: list[int] = []
+
+    def count() -> int:
+        counts.append(42)
+        return 42
+
+    takes = limits.call_takes(requests_only, "another", count)
+    assert [t.cost for t in takes] == [1]
+    assert counts == []
+    takes = limits.call_takes(both, tenant, count)
+    assert [t.cost for t in takes] == [42, 42]
+    assert counts == [42]
+
+
 def test_the_429s_of_one_overload_cut_the_share_once() -> None:
     """A provider rejects every call in flight at once: four 429s within the pause are one."""
     limiter = RedisLimiter(redis.Redis.from_url(REDIS_URL))
