@@ -75,9 +75,16 @@ class RedisLimiter:
     """The production limiter: shared by every worker and API process of the fleet."""
 
     FLUSH_SECONDS = 1.0
+    # A call that no bucket applies to still checks its model's pause (a provider's 429
+    # anywhere in the fleet): each process asks Redis about a scope at most this often and
+    # answers from what it last heard in between. The process that got the 429 knows at once;
+    # the rest of the fleet within this time.
+    PAUSE_CHECK_SECONDS = 0.1
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
+        # scope -> (when last heard from Redis, paused until), both on the monotonic clock
+        self._pauses: dict[str, tuple[float, float]] = {}
         # Each decision appends what it counts here (deque appends are thread-safe): a grant
         # its scopes, a refusal its scope and wait. The flusher thread adds them to the shared
         # statistics about once a second: a decision pays no lock and no write for them.
@@ -104,6 +111,10 @@ class RedisLimiter:
         """Take from every bucket or from none; ``blocks`` are scopes a 429 may have paused."""
         if not takes and not blocks:
             return GRANTED
+        if not takes:
+            known = self._known_pauses(blocks)
+            if known is not None:
+                return known
         keys = [t.bucket.key for t in takes]
         if blocks:
             keys += [BLOCK_PREFIX + scope for scope in blocks]
@@ -119,16 +130,38 @@ class RedisLimiter:
         if self._flusher_pid != _pid:
             self._start_flusher()
         if answer == 0:
+            if not takes:
+                heard = time.monotonic()
+                self._pauses.update((scope, (heard, 0.0)) for scope in blocks)
             self._granted.append(tuple(t.bucket.scope for t in takes))
             return GRANTED
         wait, who = int(answer[0]), int(answer[1])
         if who > len(takes):
             scope = blocks[who - len(takes) - 1]
+            self._heard_pause(scope, wait / 1000)
             self._denied.append((scope, wait))
             return Decision(False, retry_after_ms=wait, scope=f"blocked:{scope}")
         scope = takes[who - 1].bucket.scope
         self._denied.append((scope, wait))
         return Decision(False, retry_after_ms=wait, scope=scope)
+
+    def _known_pauses(self, blocks: Sequence[str]) -> Decision | None:
+        """The decision on ``blocks`` from what this process last heard, or None if it must
+        ask Redis (a scope it has not heard about within ``PAUSE_CHECK_SECONDS``)."""
+        now = time.monotonic()
+        for scope in blocks:
+            heard, until = self._pauses.get(scope, (-math.inf, 0.0))
+            if until > now:
+                wait = math.ceil((until - now) * 1000)
+                self._denied.append((scope, wait))
+                return Decision(False, retry_after_ms=wait, scope=f"blocked:{scope}")
+            if now - heard > self.PAUSE_CHECK_SECONDS:
+                return None
+        return GRANTED
+
+    def _heard_pause(self, scope: str, seconds: float) -> None:
+        now = time.monotonic()
+        self._pauses[scope] = (now, now + seconds)
 
     def _decide(self, shape: tuple[int, int], keys: list[str], *, spec: bytes) -> Any:
         """The shape's script by its hash (loading it first if Redis does not know it)."""
@@ -204,6 +237,7 @@ class RedisLimiter:
         ms = max(1, math.ceil(seconds * 1000))
         keys = [self.block_key(scope), self.stats_key(_minute())]
         self._block(keys=keys, args=[ms, f"provider_429:{scope}"])
+        self._heard_pause(scope, ms / 1000)
 
     def factor(self, scope: str) -> float:
         """The share of its configured rate ``scope`` may use now (1 unless cut by 429s)."""

@@ -151,6 +151,44 @@ def test_corrections_and_blocks(limiter: RedisLimiter) -> None:
     assert limiter.acquire([], blocks=[scope]).allowed
 
 
+def test_a_pause_reaches_every_process_and_is_not_asked_about_each_call(
+    limiter: RedisLimiter,
+) -> None:
+    """A call with no bucket checks its model's pause: the process that got the 429 knows at
+    once; another process hears of it within PAUSE_CHECK_SECONDS, and in between answers from
+    what it last heard, without a round trip to Redis."""
+    other = RedisLimiter(redis.Redis.from_url(REDIS_URL))  # another process of the fleet
+    asked: list[int] = []
+    decide = other._decide
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        asked.append(1)
+        return decide(*args, **kwargs)
+
+    other._decide = counted  # type: ignore[method-assign]
+    scope = f"openai:{uuid.uuid4().hex}"
+    other.PAUSE_CHECK_SECONDS = 3600.0  # nothing goes stale while the calls below run
+    for _ in range(50):
+        assert other.acquire([], blocks=[scope]).allowed
+    assert len(asked) == 1
+
+    limiter.block(scope, 5)
+    assert limiter.acquire([], blocks=[scope]).blocked  # the process that got the 429
+    assert other.acquire([], blocks=[scope]).allowed  # not heard of yet: what it heard holds
+    other.PAUSE_CHECK_SECONDS = RedisLimiter.PAUSE_CHECK_SECONDS
+    time.sleep(other.PAUSE_CHECK_SECONDS + 0.05)
+    paused = other.acquire([], blocks=[scope])
+    assert paused.blocked
+    assert 0 < paused.retry_after_ms <= 5000
+    calls = len(asked)
+    assert other.acquire([], blocks=[scope]).blocked  # from memory, until the pause ends
+    assert len(asked) == calls
+    # A bucket makes every call ask Redis, pause included, as before.
+    bucket = Bucket(f"test:{uuid.uuid4().hex}", rate=100, period_s=1)
+    assert other.acquire([Take(bucket)], blocks=[scope]).blocked
+    assert len(asked) == calls + 1
+
+
 def test_local_limiter_has_the_same_semantics() -> None:
     local = LocalLimiter()
     a, b = Bucket("a", rate=1, period_s=3600), Bucket("b", rate=3, period_s=3600)
