@@ -9,8 +9,10 @@ Ratchet: ``ratchet api`` and ``ratchet worker`` (scripted model, answering at on
 until the chain's last, with Ratchet's Celery settings, on the same broker with as many
 processes. Before each measured run the worker is paused (remote control) and all its
 tasks are loaded: Ratchet's through the HTTP API, the chains' first hops straight to the
-broker. The span runs from resuming the worker to the last task's recorded end, so it
-is execution alone on both sides: HTTP submission is reported apart (``submit_per_s``),
+broker (and Ratchet's made due, as submitted). The span runs from waking Ratchet's
+dispatcher and resuming the worker to the last task's recorded end, so it is admission
+and execution for Ratchet, execution for the chain (which has no admission): HTTP
+submission is reported apart (``submit_per_s``),
 since a client submitting while the workers run would share their cores. CPU per step
 is counted over the span: the worker's process tree, and the machine as a whole
 (Postgres, Redis and any other load included; ``background_cores`` is that other load,
@@ -72,6 +74,11 @@ class System(Protocol):
     worker: Worker
 
     def load(self, steps: int, *, count: int) -> None: ...
+
+    def prepare(self) -> None:
+        """Just before the span: what the loaded work needs that a real submission would
+        have done already."""
+        ...
 
     def release(self) -> None:
         """Let the loaded work run (the worker is resumed next)."""
@@ -136,7 +143,7 @@ class Ratchet:
     def load(self, steps: int, *, count: int) -> None:
         self._steps, self._count, self.ids, self._pending = steps, count, [], None
         if not self.live:
-            # Not due for an hour: the dispatcher keeps them in the backlog until release().
+            # Not due for an hour: the dispatcher keeps them in the backlog until prepare().
             self._submit(_body(steps, delay_seconds=3600))
 
     def _submit(self, body: dict[str, Any]) -> None:
@@ -148,23 +155,32 @@ class Ratchet:
             self.ids = [task_id for batch in batches for task_id in batch]
         self.submit_per_s = self._count / (time.perf_counter() - started)
 
-    def release(self) -> None:
-        """Loaded: make the backlog due now and wake the dispatcher (what follows is admission
-        and execution, as for any submission; the paused worker would not hold the backlog,
-        admission does not go through its consumer). Live: start submitting."""
+    def prepare(self) -> None:
+        """Loaded: make the backlog due now, as a submission would have made each task (the
+        paused worker would not hold the backlog: admission does not go through its
+        consumer). Not timed: the chain's messages are likewise in the broker before its
+        span. Admission waits for the wake-up that ``release`` sends."""
         if self.live:
-            self._submitting = ThreadPoolExecutor(1).submit(self._submit, _body(self._steps))
             return
-        import redis
         from sqlalchemy import update
 
-        from shared.scheduling.wake import channel
-        from shared.settings import get_settings
         from shared.store.db import now_ms, transaction
         from shared.store.tables import Task
 
         with transaction() as session:
             session.execute(update(Task).where(Task.id.in_(self.ids)).values(due_ms=now_ms()))
+
+    def release(self) -> None:
+        """Loaded: wake the dispatcher to the due backlog (what follows is admission and
+        execution, as after any submission). Live: start submitting."""
+        if self.live:
+            self._submitting = ThreadPoolExecutor(1).submit(self._submit, _body(self._steps))
+            return
+        import redis
+
+        from shared.scheduling.wake import channel
+        from shared.settings import get_settings
+
         # The worker's dispatcher listens on its own queue's channel, not on this process's
         # (a wake-up there was lost: the dispatcher found the backlog on its next idle look,
         # up to a quarter of a second into the measured span).
@@ -248,6 +264,7 @@ def measure(system: System, steps: int, *, count: int, timeout: float) -> dict[s
     resuming to the last task's end; CPU is counted over the same span."""
     system.worker.pause()
     system.load(steps, count=count)
+    system.prepare()
     cpu, machine = system.worker.cpu_seconds(), machine_busy_seconds()
     started = time.time()
     system.release()

@@ -27,6 +27,9 @@ class Chain:
             send_hop(str(number), steps - 1, queue=self.worker.queue)
         self.count = count
 
+    def prepare(self) -> None:
+        pass  # the messages are in the broker since load()
+
     def release(self) -> None:
         pass  # the paused worker holds the messages
 
