@@ -92,6 +92,32 @@ def complete(
     Before each call, ``still_held()`` must say the step's lease is still this worker's, or
     LeaseLost is raised: a stalled worker does not pay for an answer it could not commit."""
     policy = RetryPolicy(prior=prior_failures)
+    call = partial(
+        limited_call,
+        provider,
+        request,
+        model=model,
+        tenant=tenant,
+        failed=failed,
+        still_held=still_held,
+    )
+    # The first attempt runs outside the retry machinery (most calls succeed at once, and
+    # tenacity's bookkeeping costs a call about what the rest of it does with an instant
+    # model); a transient failure is then handed to it as its own first attempt's, so the
+    # retries, their waits and the count of attempts are the same as if it had made it.
+    try:
+        return call()
+    except ModelTransientError as exc:
+        first: list[ModelTransientError] = [exc]
+    except ModelError as exc:
+        exc.args = (f"{exc} (after {policy.prior + 1} attempts)",)
+        raise
+
+    def attempt() -> ModelResponse:
+        if first:
+            raise first.pop()
+        return call()
+
     retrying = Retrying(
         retry=retry_if_exception_type(ModelTransientError),
         wait=policy.wait,
@@ -100,15 +126,7 @@ def complete(
         reraise=True,
     )
     try:
-        response = retrying(
-            limited_call,
-            provider,
-            request,
-            model=model,
-            tenant=tenant,
-            failed=failed,
-            still_held=still_held,
-        )
+        response = retrying(attempt)
     except ModelError as exc:
         exc.args = (
             f"{exc} (after {policy.prior + retrying.statistics.get('attempt_number', 1)} attempts)",
