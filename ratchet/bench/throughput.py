@@ -76,8 +76,7 @@ class System(Protocol):
     def load(self, steps: int, *, count: int) -> None: ...
 
     def prepare(self) -> None:
-        """Just before the span: what the loaded work needs that a real submission would
-        have done already."""
+        """Before the span: what a real submission would have done to the loaded work."""
         ...
 
     def release(self) -> None:
