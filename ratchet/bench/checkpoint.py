@@ -63,7 +63,7 @@ class WriteMeter:
                 return
             # psycopg's Jsonb wrapper prints abbreviated: measure what it wraps
             self.bytes[self.label] += len(json.dumps(params, default=_unwrapped))
-            if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            if _autocommit(conn):
                 self.commits[self.label] += 1  # a write statement in autocommit commits alone
             else:
                 self._dirty.add(id(conn))
@@ -310,3 +310,11 @@ def checkpoint(
         driver.close()
         drop_tenant(tenant_id)
     emit("checkpoint", _report(timings, writes, steps=steps))
+
+
+def _autocommit(conn: Any) -> bool:
+    """Whether a statement on ``conn`` commits on its own: in SQLAlchemy's autocommit, or on a
+    driver connection switched to it (a write session's)."""
+    if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        return True
+    return getattr(conn.connection.driver_connection, "autocommit", False) is True

@@ -106,3 +106,25 @@ def test_a_crash_right_after_the_answer_runs_the_call_once_when_the_step_resumes
     (row,) = ledger_rows(task_id)
     assert row.status == "succeeded"
     assert journal.read_text().splitlines() == [line.format(task_id=task_id)]
+
+
+def test_the_benchmarks_write_meter_counts_a_tool_steps_commits(
+    client: TestClient, tenant: TenantHandle, journal: Path
+) -> None:
+    """``ratchet bench history`` reports a tool step's commits with this meter (each write
+    of a step commits on its own, in autocommit): the lease, the answer with its idempotent
+    call's start, and the call's outcome with the step's completion."""
+    from ratchet.bench.checkpoint import WriteMeter
+    from shared.store.db import get_engine, statement_observers
+
+    body = scripted_task([tool_turn("upsert_record", key="a"), {"content": "ok"}], agent="ops")
+    task_id = submit(client, tenant, body)
+    meter, observers = WriteMeter(), list(statement_observers)
+    meter.install(get_engine())
+    try:
+        with meter.labelled("step"):
+            runner.advance(task_id, 1)
+    finally:
+        statement_observers[:] = observers
+    assert meter.commits["step"] == 3
+    assert meter.bytes["step"] > 0
