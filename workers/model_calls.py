@@ -108,14 +108,23 @@ def complete(
     try:
         return call()
     except ModelTransientError as exc:
-        first: list[ModelTransientError] = [exc]
+        first = exc
     except ModelError as exc:
-        exc.args = (f"{exc} (after {policy.prior + 1} attempts)",)
+        _count_attempts(exc, policy.prior + 1)
         raise
+    return _retried(call, policy, first=first)
+
+
+def _retried(
+    call: Callable[[], ModelResponse], policy: RetryPolicy, *, first: ModelTransientError
+) -> ModelResponse:
+    """The retries after a transient ``first`` failure, as tenacity's loop (``first`` its
+    first attempt's outcome)."""
+    pending = [first]
 
     def attempt() -> ModelResponse:
-        if first:
-            raise first.pop()
+        if pending:
+            raise pending.pop()
         return call()
 
     retrying = Retrying(
@@ -126,13 +135,15 @@ def complete(
         reraise=True,
     )
     try:
-        response = retrying(attempt)
+        return retrying(attempt)
     except ModelError as exc:
-        exc.args = (
-            f"{exc} (after {policy.prior + retrying.statistics.get('attempt_number', 1)} attempts)",
-        )
+        _count_attempts(exc, policy.prior + retrying.statistics.get("attempt_number", 1))
         raise
-    return response
+
+
+def _count_attempts(exc: ModelError, attempts: int) -> None:
+    """Say in ``exc``'s message how many attempts the step's call has had."""
+    exc.args = (f"{exc} (after {attempts} attempts)",)
 
 
 def limited_call(

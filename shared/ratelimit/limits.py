@@ -103,13 +103,7 @@ def call_takes(model: str, tenant: str, estimated_tokens: int | Callable[[], int
     ``estimated_tokens`` may be a function: the prompt is then counted only if a tokens
     bucket applies (counting a long conversation with a tokenizer is work of its own)."""
     takes: list[Take] = []
-    counted: list[int] = []
-
-    def estimate() -> int:
-        if not counted:
-            counted.append(estimated_tokens() if callable(estimated_tokens) else estimated_tokens)
-        return counted[0]
-
+    counted: int | None = None
     for scope, spec in (
         (f"model:{model}", _model_spec(model)),
         (f"tenant:{tenant}", _tenant_spec(tenant)),
@@ -119,7 +113,9 @@ def call_takes(model: str, tenant: str, estimated_tokens: int | Callable[[], int
         if requests:
             takes.append(Take(requests, 1))
         if tokens:
-            takes.append(Take(tokens, estimate()))
+            if counted is None:
+                counted = estimated_tokens() if callable(estimated_tokens) else estimated_tokens
+            takes.append(Take(tokens, counted))
     return takes
 
 
