@@ -260,7 +260,7 @@ def start_ratchet(
 
 def measure(system: System, steps: int, *, count: int, timeout: float) -> dict[str, Any]:
     """Load ``count`` tasks of ``steps`` steps while the worker is paused, then time it from
-    resuming to the last task's end; CPU is counted over the same span."""
+    their release (and the worker's resuming) to the last task's end; CPU over the same span."""
     system.worker.pause()
     system.load(steps, count=count)
     system.prepare()

@@ -152,8 +152,8 @@ def fetch_compiled(session: Session, statement: Any, params: dict[str, Any]) -> 
     than the database does. Errors come out as SQLAlchemy's, a dropped connection
     invalidated.
     """
-    # A write session's own connection (autocommit) as is; any other session's in its
-    # transaction.
+    # A write session's own connection (autocommit) as is: only write sessions are bound to
+    # a connection; any other session's, in its transaction.
     bind = session.bind
     connection = bind if isinstance(bind, Connection) else session.connection()
     compiled = _compile(statement, connection.dialect)
