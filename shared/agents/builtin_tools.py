@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import math
-import operator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -12,75 +9,19 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import httpx
 from pydantic import Field
 
+from shared.agents.calculator import MAX_EXPRESSION_LENGTH, evaluate
 from shared.agents.registry import Agent, ToolContext, register_agent, tool
 from shared.errors import ToolError
 from shared.settings import get_settings
 from shared.webhooks.egress import check_url, pinned_request
 
-_BINARY: dict[type[ast.operator], Any] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
-_UNARY: dict[type[ast.unaryop], Any] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCTIONS: dict[str, Any] = {
-    "sqrt": math.sqrt,
-    "abs": abs,
-    "round": round,
-    "floor": math.floor,
-    "ceil": math.ceil,
-    "log": math.log,
-    "exp": math.exp,
-    "sin": math.sin,
-    "cos": math.cos,
-    "tan": math.tan,
-    "min": min,
-    "max": max,
-}
-_CONSTANTS = {"pi": math.pi, "e": math.e}
-_MAX_EXPONENT = 10_000
-
-
-def _evaluate(node: ast.AST) -> float | int:
-    if isinstance(node, ast.Expression):
-        return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return node.value
-    if isinstance(node, ast.Name) and node.id in _CONSTANTS:
-        return _CONSTANTS[node.id]
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
-            raise ToolError(f"exponent {right} is too large")
-        return _BINARY[type(node.op)](left, right)  # type: ignore[no-any-return]
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_evaluate(node.operand))  # type: ignore[no-any-return]
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in _FUNCTIONS
-        and not node.keywords
-    ):
-        return _FUNCTIONS[node.func.id](*(_evaluate(arg) for arg in node.args))  # type: ignore[no-any-return]
-    raise ToolError(f"unsupported expression element: {ast.dump(node)[:60]}")
-
 
 @tool(idempotent=True)
-def calculator(expression: Annotated[str, Field(max_length=500)]) -> float | int:
+def calculator(expression: Annotated[str, Field(max_length=MAX_EXPRESSION_LENGTH)]) -> float | int:
     """Evaluate an arithmetic expression: + - * / // % **, parentheses, pi, e, and
-    sqrt, abs, round, floor, ceil, log, exp, sin, cos, tan, min, max."""
-    try:
-        tree = ast.parse(expression, mode="eval")
-    except SyntaxError as exc:
-        raise ToolError(f"not an arithmetic expression: {expression!r}") from exc
-    try:
-        return _evaluate(tree)
-    except (ArithmeticError, ValueError, TypeError) as exc:
-        raise ToolError(f"cannot evaluate {expression!r}: {exc}") from exc
+    sqrt, abs, round, floor, ceil, log, exp, sin, cos, tan, min, max. Integers are exact up
+    to 10,000 bits (about 3,000 digits); a larger or overflowing result is an error."""
+    return evaluate(expression)
 
 
 @tool(idempotent=True)
