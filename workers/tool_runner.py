@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -38,18 +39,64 @@ def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outc
     except TimeoutError:
         return Outcome(ok=False, error=f"{tool.name} timed out after {limit:g} s", unknown=True)
     except RatchetError as exc:
-        return Outcome(ok=False, error=str(exc))
+        return Outcome(ok=False, error=storable_text(_text_of(exc)))
     except Exception as exc:  # a tool's bug goes back to the model, it does not crash the task
-        return Outcome(ok=False, error=f"{tool.name} raised {type(exc).__name__}: {exc}")
-    return Outcome(ok=True, result=_jsonable(result))
-
-
-def _jsonable(value: Any) -> Any:
+        error = f"{tool.name} raised {type(exc).__name__}: {_text_of(exc)}"
+        return Outcome(ok=False, error=storable_text(error))
     try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
-    return value
+        return Outcome(ok=True, result=as_json(result))
+    except NotJSON as exc:
+        error = f"{tool.name} returned a result that JSON cannot hold: {exc}"
+        return Outcome(ok=False, error=storable_text(error))
+
+
+class NotJSON(ValueError):
+    """A value that JSON, or PostgreSQL's ``jsonb``, cannot hold."""
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as it reads back from its JSON text: what the ledger, the event log and the
+    model will all hold (a tuple becomes a list, an integer key a string).
+
+    Raises :class:`NotJSON` for what the store would refuse after the tool has run: NaN or an
+    infinity, an integer past Python's limit on its decimal text, an object that is not JSON,
+    a cycle or nesting past the recursion limit, and a string holding a NUL character or a
+    lone surrogate (``jsonb`` takes neither). Checked once, here, for every tool's result.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise NotJSON(_text_of(exc)) from exc
+    if _NUL.search(text):
+        raise NotJSON("a string holds a NUL character (\\u0000)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise NotJSON("a string holds a lone surrogate, which is not Unicode text") from exc
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise NotJSON("it nests too deeply") from exc
+
+
+# JSON text escapes a NUL as \u0000; a backslash before it that is itself escaped (\\u0000,
+# the six characters of a literal "\u0000") is not a NUL.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storable_text(text: str) -> str:
+    """``text`` as a text column and ``jsonb`` hold it: a NUL character and a lone surrogate
+    spelled out as escapes, everything else unchanged."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _text_of(exc: BaseException) -> str:
+    """An exception's message, or a placeholder when making it fails in turn (its argument is
+    an integer past the limit on decimal text)."""
+    try:
+        return str(exc)
+    except Exception:
+        return "a message that cannot be shown"
 
 
 def message_content(*, ok: bool, result: Any, error: str | None) -> str:
