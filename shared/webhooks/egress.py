@@ -24,17 +24,63 @@ log = logging.getLogger("ratchet.egress")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-# IPv6 prefixes whose last 32 bits are an IPv4 address that a translator or a dual-stack host
-# may connect to: IPv4-compatible (::/96), IPv4-translated (::ffff:0:0:0/96, RFC 2765) and
-# NAT64's well-known prefix (64:ff9b::/96, RFC 6052). IPv4-mapped and 6to4 have their own
-# accessors in ipaddress.
-_EMBEDDING_IPV4 = tuple(
-    ipaddress.IPv6Network(n) for n in ("::/96", "::ffff:0:0:0/96", "64:ff9b::/96")
+# What is not a public destination: every block of IANA's IPv4 and IPv6 special-purpose address
+# registries (RFC 6890 and its updates, as of 2025) and the multicast ranges, written out here
+# rather than read from ipaddress's is_global, whose answer changes with the interpreter's patch
+# release (3.11.7 counts 192.0.0.0/24 as global). Blocks the registries mark globally reachable
+# (AS112, AMT, anycast) are denied too: none is a service an agent or a webhook calls.
+_DENIED_IPV4 = tuple(
+    ipaddress.IPv4Network(n)
+    for n in (
+        "0.0.0.0/8",  # "this network"
+        "10.0.0.0/8",  # private (RFC 1918)
+        "100.64.0.0/10",  # carrier-grade NAT (RFC 6598); Alibaba's metadata: 100.100.100.200
+        "127.0.0.0/8",  # loopback
+        "169.254.0.0/16",  # link-local; the cloud metadata service: 169.254.169.254
+        "172.16.0.0/12",  # private
+        "192.0.0.0/24",  # IETF protocol assignments; Oracle's metadata: 192.0.0.192
+        "192.0.2.0/24",  # documentation (TEST-NET-1)
+        "192.31.196.0/24",  # AS112-v4 (RFC 7535)
+        "192.52.193.0/24",  # AMT (RFC 7450)
+        "192.88.99.0/24",  # deprecated 6to4 relay anycast (RFC 7526)
+        "192.168.0.0/16",  # private
+        "192.175.48.0/24",  # AS112 direct delegation (RFC 7534)
+        "198.18.0.0/15",  # benchmarking (RFC 2544)
+        "198.51.100.0/24",  # documentation (TEST-NET-2)
+        "203.0.113.0/24",  # documentation (TEST-NET-3)
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, and the limited broadcast 255.255.255.255
+    )
 )
-# Never public, whatever they embed: NAT64's local-use prefix (RFC 8215), where the IPv4
-# address may sit anywhere after the prefix, and the deprecated site-local fec0::/10, which
-# some stacks still route inside the site.
-_NEVER_PUBLIC = tuple(ipaddress.IPv6Network(n) for n in ("64:ff9b:1::/48", "fec0::/10"))
+_DENIED_IPV6 = tuple(
+    ipaddress.IPv6Network(n)
+    for n in (
+        "::/128",  # unspecified
+        "::1/128",  # loopback
+        "64:ff9b:1::/48",  # NAT64 local use (RFC 8215): its IPv4 address may sit anywhere
+        "100::/64",  # discard-only (RFC 6666)
+        "100:0:0:1::/64",  # dummy prefix (RFC 9780)
+        "2001::/23",  # IETF protocol assignments: Teredo, benchmarking, ORCHID, AMT, AS112 …
+        "2001:db8::/32",  # documentation
+        "2620:4f:8000::/48",  # AS112 direct delegation (RFC 7534)
+        "3fff::/20",  # documentation (RFC 9637)
+        "5f00::/16",  # segment routing SIDs (RFC 9602)
+        "fc00::/7",  # unique local; AWS's metadata: fd00:ec2::254
+        "fe80::/10",  # link-local
+        "fec0::/10",  # deprecated site-local, which some stacks still route inside the site
+        "ff00::/8",  # multicast
+    )
+)
+# IPv6 prefixes whose last 32 bits are an IPv4 address that a translator or a dual-stack host
+# may connect to, so the address is judged by that IPv4 address: IPv4-mapped (::ffff:0:0/96),
+# IPv4-compatible (::/96), IPv4-translated (::ffff:0:0:0/96, RFC 2765) and NAT64's well-known
+# prefix (64:ff9b::/96, RFC 6052). 6to4 (2002::/16) carries it in bits 16 to 48.
+_EMBEDDING_IPV4 = tuple(
+    ipaddress.IPv6Network(n) for n in ("::ffff:0:0/96", "::/96", "::ffff:0:0:0/96", "64:ff9b::/96")
+)
+_SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")
+# The IPv6 global unicast space: the rest is reserved by the IETF, and not a destination.
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
 # Hosts that only an allow-list matching everything lets through.
 _PROBE_HOSTS = ("127.0.0.1", "169.254.169.254", "10.0.0.1", "localhost", "[::1]")
 
@@ -81,23 +127,26 @@ def _warn_open(open_lists: tuple[str, ...]) -> None:
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address.sixtofour is not None:
-        return address.sixtofour
+    if address in _SIX_TO_FOUR:
+        return ipaddress.IPv4Address((int(address) >> 80) & 0xFFFFFFFF)
     if any(address in network for network in _EMBEDDING_IPV4):
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)  # :: and ::1 give 0.0.0.x
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 
 
-def _is_public(address: IPAddress) -> bool:
-    if isinstance(address, ipaddress.IPv6Address):
-        if any(address in network for network in _NEVER_PUBLIC):
-            return False
-        embedded = _embedded_ipv4(address)
-        if embedded is not None:
-            return _is_public(embedded)
-    return address.is_global and not address.is_multicast
+def is_public(address: IPAddress) -> bool:
+    """Whether ``address`` may be connected to without the operator's allow-list: it lies in
+    no special-purpose block, an IPv6 address that embeds an IPv4 one is judged by that IPv4
+    address, and any other IPv6 address must be global unicast. The same answer on every
+    interpreter: nothing here asks ``ipaddress`` what is global."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return not any(address in network for network in _DENIED_IPV4)
+    if any(address in network for network in _DENIED_IPV6):
+        return False
+    embedded = _embedded_ipv4(address)
+    if embedded is not None:
+        return is_public(embedded)
+    return address in _GLOBAL_UNICAST
 
 
 def _resolve(host: str, port: int) -> list[IPAddress]:
@@ -130,7 +179,7 @@ def check_url(
     if https_only and parsed.scheme != "https":
         raise EgressDenied("only https URLs are allowed")
     addresses = _resolve(parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
-    blocked = [str(a) for a in addresses if not _is_public(a)]
+    blocked = [str(a) for a in addresses if not is_public(a)]
     if not addresses or blocked:
         raise EgressDenied(
             f"host {parsed.host!r} resolves to a non-public address ({', '.join(blocked)})"

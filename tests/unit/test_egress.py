@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from shared.errors import EgressDenied
 from shared.settings import Settings
-from shared.webhooks.egress import check_url, host_allowed, warn_if_open
+from shared.webhooks.egress import check_url, host_allowed, is_public, warn_if_open
 
 
 @pytest.mark.parametrize(
@@ -95,3 +97,123 @@ def test_an_allow_list_matching_every_host_warns_once_that_the_policy_is_off(
     message = caplog.records[0].getMessage()
     assert "egress policy is off" in message
     assert "RATCHET_HTTP_ALLOWED_HOSTS and RATCHET_WEBHOOK_ALLOWED_HOSTS" in message
+
+
+# IANA's IPv4 and IPv6 special-purpose address registries and the multicast ranges, written out
+# again here so that the policy is checked against the registries, not against itself.
+SPECIAL_PURPOSE_BLOCKS = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.31.196.0/24",
+    "192.52.193.0/24",
+    "192.88.99.0/24",
+    "192.168.0.0/16",
+    "192.175.48.0/24",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "255.255.255.255/32",
+    "::/128",
+    "::1/128",
+    "64:ff9b:1::/48",
+    "100::/64",
+    "100:0:0:1::/64",
+    "2001::/23",
+    "2001:db8::/32",
+    "2620:4f:8000::/48",
+    "3fff::/20",
+    "5f00::/16",
+    "fc00::/7",
+    "fe80::/10",
+    "fec0::/10",
+    "ff00::/8",
+]
+# Metadata services and other addresses known from SSRF reports, and IPv6 forms that carry a
+# special-purpose IPv4 address: IPv4-mapped, IPv4-translated, NAT64 and 6to4.
+KNOWN_TARGETS = [
+    "192.0.0.192",  # Oracle Cloud metadata
+    "100.100.100.200",  # Alibaba Cloud metadata
+    "169.254.169.254",
+    "fd00:ec2::254",  # AWS metadata over IPv6
+    "::ffff:169.254.169.254",
+    "::ffff:192.0.0.192",
+    "::ffff:0:c000:c0",
+    "64:ff9b::c000:c0",
+    "64:ff9b::a9fe:a9fe",
+    "2002:c000:c0::1",
+    "2002:a9fe:a9fe::1",
+    "2002:7f00:1::",
+    "2001:0:4136:e378::1",  # Teredo
+]
+PUBLIC = [
+    "8.8.8.8",
+    "1.1.1.1",
+    "93.184.215.14",
+    "192.0.1.1",
+    "100.63.255.255",
+    "100.128.0.0",
+    "172.15.255.255",
+    "172.32.0.0",
+    "198.17.255.255",
+    "198.20.0.0",
+    "223.255.255.255",
+    "2606:4700:4700::1111",
+    "2001:4860:4860::8888",
+    "::ffff:8.8.8.8",
+    "64:ff9b::808:808",
+    "2002:808:808::1",
+]
+
+
+def _url(address: ipaddress.IPv4Address | ipaddress.IPv6Address | str) -> str:
+    address = ipaddress.ip_address(address)
+    return f"http://[{address}]/" if address.version == 6 else f"http://{address}/"
+
+
+@pytest.fixture(params=["as-is", "all-global", "none-global"])
+def interpreter(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy's answers whatever this interpreter's ``ipaddress`` thinks is global."""
+    if request.param == "as-is":
+        return
+    answer = request.param == "all-global"
+    for kind in (ipaddress.IPv4Address, ipaddress.IPv6Address):
+        monkeypatch.setattr(kind, "is_global", property(lambda self: answer))
+        monkeypatch.setattr(kind, "is_private", property(lambda self: not answer))
+
+
+@pytest.mark.parametrize("block", SPECIAL_PURPOSE_BLOCKS)
+def test_every_special_purpose_block_is_refused(block: str, interpreter: None) -> None:
+    network = ipaddress.ip_network(block)
+    for address in (network[0], network[network.num_addresses // 2], network[-1]):
+        assert not is_public(address), address
+        with pytest.raises(EgressDenied, match="non-public"):
+            check_url(_url(address), allowed_hosts=[])
+
+
+@pytest.mark.parametrize("address", KNOWN_TARGETS)
+def test_metadata_services_and_disguised_forms_are_refused(address: str, interpreter: None) -> None:
+    assert not is_public(ipaddress.ip_address(address))
+    with pytest.raises(EgressDenied, match="non-public"):
+        check_url(_url(address), allowed_hosts=[])
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_public_addresses_pass_on_any_interpreter(address: str, interpreter: None) -> None:
+    assert is_public(ipaddress.ip_address(address))
+    pinned = check_url(_url(address), allowed_hosts=[]).address
+    assert pinned is not None
+    assert ipaddress.ip_address(pinned) == ipaddress.ip_address(address)
+
+
+@pytest.mark.parametrize("address", ["192.0.0.192", "100.100.100.200", "fd00:ec2::254"])
+def test_the_operator_may_still_allow_list_a_special_purpose_address(address: str) -> None:
+    destination = check_url(_url(address), allowed_hosts=[address])
+    assert destination.address is None  # connected to as named: the operator's choice
