@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(1_000_000, ge=1024)
     task_deadline_seconds: float = Field(3600.0, ge=0)  # 0: no deadline
     agent_modules: CommaList = []
+    # Live API keys (neither revoked nor expired) a tenant may hold through the API; past it,
+    # creating one is a 409. A rotation replaces a key and is not counted; the CLI is not bound.
+    max_keys_per_tenant: int = Field(100, ge=1, le=100_000)
 
     lease_ttl_seconds: float = Field(30.0, gt=0)
     max_step_attempts: int = Field(5, ge=1)
@@ -83,9 +86,11 @@ class Settings(BaseSettings):
     approval_on_timeout: Literal["reject", "approve", "fail"] = "reject"
     # Approval links: with both set, each waiting call gets a signed, single-use link (in
     # ``pending_approval`` and the ``task.awaiting_approval`` event) that decides it without
-    # an API key. Anyone who can read the task's events can then decide its calls.
+    # an API key. It is shown only to a key that may decide (``tasks:approve``), and in
+    # webhook bodies only when webhook_approval_links is on: whoever receives them can decide.
     approval_link_secret: SecretStr | None = None
     public_url: str | None = None
+    webhook_approval_links: bool = False
 
     model_timeout_seconds: float = Field(60.0, gt=0)
     model_max_attempts: int = Field(5, ge=1)

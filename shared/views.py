@@ -123,7 +123,10 @@ class TaskState(Protocol):
     def schedule_id(self) -> str | None: ...
 
 
-def task_view(task: TaskState) -> TaskView:
+def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
+    """The task as a client reads it. Each waiting call's ``approval_url`` decides it without
+    a key, so it is kept only for a reader who may decide (``approval_links``): left out by
+    default, so a path that does not ask never hands the link out."""
     created_at = aware(task.created_at)
     assert created_at is not None
     return TaskView(
@@ -143,7 +146,9 @@ def task_view(task: TaskState) -> TaskView:
         ),
         result=task.result,
         error=task.error,
-        pending_approval=task.pending_approval,
+        pending_approval=(
+            task.pending_approval if approval_links else without_links(task.pending_approval)
+        ),
         cancel_requested_at=aware(task.cancel_requested_at),
         priority=task.priority,
         run_at=aware(task.run_at),
@@ -153,4 +158,25 @@ def task_view(task: TaskState) -> TaskView:
 
 
 def task_document(task: TaskState) -> dict[str, Any]:
-    return task_view(task).model_dump(mode="json")
+    """The task as the event log stores it: whole, approval links included. Whoever hands a
+    stored document on strips them for a receiver who may not decide (``document_without_links``:
+    the event stream, webhooks)."""
+    return task_view(task, approval_links=True).model_dump(mode="json")
+
+
+def without_links(pending: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``pending_approval`` without the calls' ``approval_url`` (a copy; ``pending`` is kept)."""
+    if not pending or not any("approval_url" in c for c in pending.get("calls", ())):
+        return pending
+    calls = [{k: v for k, v in c.items() if k != "approval_url"} for c in pending["calls"]]
+    return pending | {"calls": calls}
+
+
+def document_without_links(data: dict[str, Any]) -> dict[str, Any]:
+    """An event's data with no approval link: a Task document's ``pending_approval`` stripped
+    (a copy when there was one to strip; any other data as it is)."""
+    pending = data.get("pending_approval")
+    if not isinstance(pending, dict):
+        return data
+    stripped = without_links(pending)
+    return data if stripped is pending else data | {"pending_approval": stripped}

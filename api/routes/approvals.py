@@ -68,7 +68,7 @@ def approval_out(decided: Decided) -> ApprovalOut:
         decided_at=aware(call.decided_at),
         reason=call.decision_reason,
         replayed=decided.replayed,
-        task=task_view(decided.task),
+        task=task_view(decided.task, approval_links=True),  # the caller may decide
     )
 
 

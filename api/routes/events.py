@@ -26,6 +26,7 @@ from api.stream_limits import StreamReader
 from shared.store import tasks
 from shared.store.db import get_sessionmaker
 from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, last_event, list_events
+from shared.store.tenants import APPROVE
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"])
 KEEPALIVE_SECONDS = 15.0
@@ -34,9 +35,10 @@ BATCH = 500
 Batch = tuple[list[tuple[int, str, str]], int | None]
 
 
-def _read(tenant_id: str, task_id: str, after: int) -> Batch:
+def _read(tenant_id: str, task_id: str, after: int, *, approval_links: bool) -> Batch:
     """Events after ``after`` (seq, type, JSON data), and the seq of the terminal event that
-    ends the log (None while the log does not end in one).
+    ends the log (None while the log does not end in one). Approval links only for a reader
+    who may decide (``approval_links``).
 
     The last event is read after the batch: the log only grows, so when the newest event is
     terminal and the stream has sent it, nothing follows it (a retry appends after it)."""
@@ -44,7 +46,9 @@ def _read(tenant_id: str, task_id: str, after: int) -> Batch:
         tasks.get_task(session, tenant_id, task_id)
         events = [
             (e.seq, e.type, json.dumps(e.data, separators=(",", ":")))
-            for e in list_events(session, task_id, after=after, limit=BATCH)
+            for e in list_events(
+                session, task_id, after=after, limit=BATCH, approval_links=approval_links
+            )
         ]
         newest = last_event(session, task_id)
         end = newest.seq if newest is not None and newest.type in TERMINAL_EVENT_TYPES else None
@@ -56,12 +60,16 @@ def _check_exists(tenant_id: str, task_id: str) -> None:
         tasks.get_task(session, tenant_id, task_id)
 
 
-async def _stream(request: Request, tenant_id: str, task_id: str, after: int) -> AsyncIterator[str]:
+async def _stream(
+    request: Request, tenant_id: str, task_id: str, after: int, *, approval_links: bool
+) -> AsyncIterator[str]:
     last, quiet_since = after, time.monotonic()
     async with hub.watch(task_id) as changed:
         while True:
             changed.clear()
-            events, end = await run_in_threadpool(_read, tenant_id, task_id, last)
+            events, end = await run_in_threadpool(
+                _read, tenant_id, task_id, last, approval_links=approval_links
+            )
             for seq, type_, data in events:
                 yield f"id: {seq}\nevent: {type_}\ndata: {data}\n\n"
                 last, quiet_since = seq, time.monotonic()
@@ -135,11 +143,14 @@ async def stream_events(
     ] = None,
 ) -> StreamingResponse:
     """Server-sent events, each ``id: <seq>``, ``event: <type>``, ``data: <json>``; a comment
-    line keeps an idle stream alive. Needs the ``tasks:read`` scope."""
+    line keeps an idle stream alive. Needs the ``tasks:read`` scope; a waiting call's
+    ``approval_url`` is sent only to a key that may decide it (``tasks:approve``)."""
     start = event_start(after, last_event_id)
     await run_in_threadpool(_check_exists, principal.tenant_id, task_id)  # 404 before streaming
     return StreamingResponse(
-        _stream(request, principal.tenant_id, task_id, start),
+        _stream(
+            request, principal.tenant_id, task_id, start, approval_links=principal.allows(APPROVE)
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

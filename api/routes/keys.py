@@ -1,7 +1,9 @@
 """``/v1/keys``: a tenant admin lists, creates, revokes and rotates its own tenant's API keys.
 
 Keys are listed by prefix, never by hash; the key itself is shown once, in the answer to
-create or rotate. Over HTTP a key never gains the ``operator`` scope: only the CLI grants it.
+create or rotate. Over HTTP a key never gains the ``operator`` scope: only the CLI grants it,
+and a key never acts on one with more power than its own (an admin cannot revoke an operator
+key). A tenant holds at most ``RATCHET_MAX_KEYS_PER_TENANT`` live keys made here.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from api.deps import Admin, SessionDep, verified_keys
 from api.params import cursor_after
 from api.problems import responses
 from shared.errors import InvalidRequest
+from shared.settings import get_settings
 from shared.store import tenants
 from shared.store.tables import ApiKey, utcnow
-from shared.store.tenants import MAX_ROTATION_GRACE, OPERATOR
+from shared.store.tenants import MAX_ROTATION_GRACE, OPERATOR, Principal
 from shared.views import aware
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -95,6 +98,13 @@ def _no_operator(scopes: list[str]) -> None:
         raise InvalidRequest("scopes", "the operator scope is granted only by the ratchet CLI")
 
 
+def _not_above(principal: Principal, row: ApiKey) -> None:
+    """A key acts only on keys with no more power than its own: an operator key is beyond a
+    tenant admin's (revoked by an operator, or with the ratchet CLI)."""
+    if OPERATOR in row.scopes and OPERATOR not in principal.scopes:
+        raise HTTPException(403, "an operator key is revoked only by an operator or the CLI")
+
+
 @router.get("", response_model=KeyList, summary="List the tenant's API keys")
 def list_keys(
     principal: Admin,
@@ -119,11 +129,15 @@ def list_keys(
     response_model=KeyCreated,
     summary="Create an API key",
     responses=responses(
-        {422: "the body is invalid, or asks for the operator scope (granted only by the CLI)"}
+        {
+            409: "the tenant holds its most live keys (``RATCHET_MAX_KEYS_PER_TENANT``)",
+            422: "the body is invalid, or asks for the operator scope (granted only by the CLI)",
+        }
     ),
 )
 def create_key(body: KeyCreate, principal: Admin, session: SessionDep) -> KeyCreated:
-    """A new key for the caller's tenant, shown this once."""
+    """A new key for the caller's tenant, shown this once; 409 once the tenant holds
+    ``RATCHET_MAX_KEYS_PER_TENANT`` live keys (revoked and expired ones do not count)."""
     _no_operator(body.scopes)
     with session.begin():
         row, key = tenants.issue_key(
@@ -132,6 +146,7 @@ def create_key(body: KeyCreate, principal: Admin, session: SessionDep) -> KeyCre
             scopes=body.scopes,
             name=body.name,
             expires_at=body.expiry(),
+            cap=get_settings().max_keys_per_tenant,
         )
         return KeyCreated(**_fields(row), key=key)
 
@@ -140,12 +155,19 @@ def create_key(body: KeyCreate, principal: Admin, session: SessionDep) -> KeyCre
     "/{key_id}/revoke",
     response_model=KeyOut,
     summary="Revoke an API key",
-    responses=responses({404: "no such key (another tenant's is not found either)"}),
+    responses=responses(
+        {
+            403: "the key is an operator key and the caller's is not, or the caller lacks the "
+            "admin scope",
+            404: "no such key (another tenant's is not found either)",
+        }
+    ),
 )
 def revoke_key(key_id: str, principal: Admin, session: SessionDep) -> KeyOut:
     """Revoke the key: the next request that carries it is refused with 401 (on another API
     process, within a second: each remembers a verified key that long)."""
     with session.begin():
+        _not_above(principal, tenants.get_key(session, principal.tenant_id, key_id))
         revoked = KeyOut(**_fields(tenants.revoke_key(session, principal.tenant_id, key_id)))
     verified_keys.forget(key_id)
     return revoked
@@ -161,7 +183,7 @@ def revoke_key(key_id: str, principal: Admin, session: SessionDep) -> KeyOut:
             403: "the key is an operator key (rotated only with the ratchet CLI), or the "
             "caller lacks the admin scope",
             404: "no such key (another tenant's is not found either)",
-            409: "the key is revoked or already rotated",
+            409: "the key is revoked, already rotated or expired (create a new one)",
         }
     ),
 )
@@ -169,7 +191,7 @@ def rotate_key(
     key_id: str, principal: Admin, session: SessionDep, body: KeyRotate | None = None
 ) -> KeyCreated:
     """A new key with the old one's name, scopes and lifetime, shown this once; the old key
-    stops working after ``grace_seconds`` (default 0: at once)."""
+    stops working after ``grace_seconds`` (default 0: at once). Only a live key rotates."""
     grace = timedelta(seconds=(body or KeyRotate()).grace_seconds)
     with session.begin():
         if OPERATOR in tenants.get_key(session, principal.tenant_id, key_id).scopes:

@@ -37,7 +37,7 @@ from shared.scheduling.wake import wake
 from shared.store import checkpoints, ledger, tasks
 from shared.store.db import get_sessionmaker
 from shared.store.tables import Step, Task, TaskStatus, ToolCall
-from shared.store.tenants import Principal
+from shared.store.tenants import APPROVE, Principal
 from shared.views import TaskView, Usage, aware, task_view
 
 log = logging.getLogger("ratchet.api")
@@ -178,22 +178,28 @@ async def get_task(
     A long poll waits on the event loop (no thread, no database connection) and takes one of
     the tenant's stream slots while it waits (a 429 when it holds them all)."""
     deadline = time.monotonic() + wait
+    links = principal.allows(APPROVE)  # a waiting call's approval_url: only for who may decide
     if wait <= 0:
-        return task_view(await run_in_threadpool(_read_task, principal.tenant_id, task_id))
+        task = await run_in_threadpool(_read_task, principal.tenant_id, task_id)
+        return task_view(task, approval_links=links)
     # The slot comes before any read: a tenant past its share is turned away without a
     # thread or a query, however many long polls it opens.
     with limits.hold(principal.tenant_id):
-        return await _long_poll(principal.tenant_id, task_id, deadline=deadline)
+        return await _long_poll(
+            principal.tenant_id, task_id, deadline=deadline, approval_links=links
+        )
 
 
-async def _long_poll(tenant_id: str, task_id: str, *, deadline: float) -> TaskView:
+async def _long_poll(
+    tenant_id: str, task_id: str, *, deadline: float, approval_links: bool
+) -> TaskView:
     async with hub.watch(task_id) as changed:
         while True:
             changed.clear()
             task = await run_in_threadpool(_read_task, tenant_id, task_id)
             left = deadline - time.monotonic()
             if task.status in TaskStatus.TERMINAL or left <= 0:
-                return task_view(task)
+                return task_view(task, approval_links=approval_links)
             # A wake-up says "look again"; the timeout is only the fallback if one is lost.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(left, FALLBACK_POLL_SECONDS))
@@ -224,7 +230,8 @@ def list_tasks(
         rows, last = tasks.list_tasks(
             session, principal.tenant_id, status=status, agent=agent, limit=limit, after_id=after
         )
-        items = [task_view(t) for t in rows]
+        links = principal.allows(APPROVE)
+        items = [task_view(t, approval_links=links) for t in rows]
     return TaskList(items=items, next_cursor=params.encode_cursor(last) if last else None)
 
 

@@ -4,7 +4,7 @@ are reserved by the task row's UPDATE; see ``writes.write`` and ``insert_events`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, get_args
 
@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from shared.store import batch, ledger, outbox
 from shared.store.fenced import EventSpec, names_call, names_step, stored_form
 from shared.store.tables import Step, TaskEvent, ToolCall, utcnow
-from shared.views import TaskState
+from shared.views import TaskState, document_without_links
 
 EventType = Literal[
     "task.queued",
@@ -54,10 +54,20 @@ def model_response_data(
     return {"step": step, **said, "usage": usage}
 
 
-def list_events(session: Session, task_id: str, *, after: int = 0, limit: int = 500) -> list[Event]:
+def list_events(
+    session: Session,
+    task_id: str,
+    *,
+    after: int = 0,
+    limit: int = 500,
+    approval_links: bool = False,
+) -> list[Event]:
     """The events after ``after``, in order, whole: model responses put back together from
     their steps' checkpoint rows and calls' outcomes from their ledger rows (see
-    ``fenced.stored_form``), in one more read for each kind there is."""
+    ``fenced.stored_form``), in one more read for each kind there is.
+
+    A waiting call's ``approval_url`` decides it without a key: it is left out unless the
+    reader may decide (``approval_links``), so a caller that does not ask never hands it out."""
     rows = session.execute(
         select(TaskEvent.seq, TaskEvent.type, TaskEvent.data, TaskEvent.created_at)
         .where(TaskEvent.task_id == task_id, TaskEvent.seq > after)
@@ -74,9 +84,15 @@ def list_events(session: Session, task_id: str, *, after: int = 0, limit: int = 
     if outcomes:
         called = select(ToolCall).where(ToolCall.task_id == task_id, ToolCall.call_id.in_(outcomes))
         calls = {call.call_id: call for call in session.scalars(called)}
-    return [
+    events = [
         Event(seq, type_, _whole(type_, data, steps, calls), created_at)
         for seq, type_, data, created_at in rows
+    ]
+    if approval_links:
+        return events
+    return [
+        replace(e, data=document_without_links(e.data)) if e.type.startswith("task.") else e
+        for e in events
     ]
 
 

@@ -13,9 +13,10 @@ from sqlalchemy import BigInteger, Table, bindparam, insert, select
 from sqlalchemy.orm import Session
 
 from shared.ids import new_id
+from shared.settings import get_settings
 from shared.store.db import now_ms
 from shared.store.tables import WebhookDelivery, WebhookEndpoint, utcnow
-from shared.views import TaskState
+from shared.views import TaskState, document_without_links
 
 PENDING, SENDING, DELIVERED, FAILED, DISABLED = (
     "pending",
@@ -76,7 +77,10 @@ def delivery_rows(
 ) -> list[dict[str, Any]]:
     """One delivery per (event, subscription) that wants it: ``offset`` is the event's key in
     ``events`` (its seq, or its place in a batch), ``id`` the delivery's webhook-id. Every
-    body names its task (a step event's data names its step)."""
+    body names its task (a step event's data names its step).
+
+    A body carries no approval link (whoever receives it could decide the call with it)
+    unless the operator turned on ``RATCHET_WEBHOOK_APPROVAL_LINKS``."""
     timestamp = datetime.now(UTC).isoformat()
     return [
         {
@@ -85,12 +89,23 @@ def delivery_rows(
             "offset": offset,
             "event_type": type_,
             "url": sub.url,
-            "payload": {"type": type_, "timestamp": timestamp, "task_id": task_id, "data": data},
+            "payload": {
+                "type": type_,
+                "timestamp": timestamp,
+                "task_id": task_id,
+                "data": _webhook_data(type_, data),
+            },
         }
         for offset, type_, data in events
         for sub in subscriptions
         if type_ in sub.events
     ]
+
+
+def _webhook_data(type_: str, data: dict[str, Any]) -> dict[str, Any]:
+    if not type_.startswith("task.") or get_settings().webhook_approval_links:
+        return data
+    return document_without_links(data)
 
 
 def first_delay_ms() -> int:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from shared.errors import Conflict, InvalidRequest, KeyRejected, NotFound
@@ -96,10 +96,19 @@ def issue_key(
     scopes: tuple[str, ...] | list[str] = DEFAULT_SCOPES,
     name: str | None = None,
     expires_at: datetime | None = None,
+    cap: int | None = None,
 ) -> tuple[ApiKey, str]:
-    """A new key for the tenant: its row and the key itself, which is never seen again."""
+    """A new key for the tenant: its row and the key itself, which is never seen again.
+
+    With ``cap``, Conflict if the tenant already holds that many live keys: counted under a
+    lock on the tenant's row, so concurrent creations cannot pass the cap together."""
     if expires_at is not None and expires_at <= utcnow():
         raise InvalidRequest("expires_at", "must be in the future")
+    if cap is not None and live_key_count(session, tenant_id, lock=True) >= cap:
+        raise Conflict(
+            f"the tenant holds {cap} live API keys, its most: revoke one it no longer uses "
+            "(RATCHET_MAX_KEYS_PER_TENANT)"
+        )
     key = new_api_key()
     row = ApiKey(
         id=new_id(),
@@ -138,6 +147,24 @@ def list_keys(
     return list(session.scalars(query.order_by(ApiKey.id.desc()).limit(limit)))
 
 
+def live_key_count(session: Session, tenant_id: str, *, lock: bool = False) -> int:
+    """The tenant's keys that still work (neither revoked nor expired). ``lock``: first lock
+    the tenant's row until the transaction ends (PostgreSQL; SQLite has one writer anyway)."""
+    if lock:
+        session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    now = utcnow()
+    count = session.scalar(
+        select(func.count())
+        .select_from(ApiKey)
+        .where(
+            ApiKey.tenant_id == tenant_id,
+            or_(ApiKey.revoked_at.is_(None), ApiKey.revoked_at > now),
+            or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > now),
+        )
+    )
+    return count or 0
+
+
 def get_key(session: Session, tenant_id: str, key_id: str) -> ApiKey:
     """The tenant's key ``key_id``; another tenant's key is NotFound, like a missing one."""
     row = session.scalar(select(ApiKey).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id))
@@ -161,13 +188,17 @@ def rotate_key(
     session: Session, tenant_id: str, key_id: str, *, grace: timedelta = timedelta(0)
 ) -> tuple[ApiKey, str]:
     """A new key with the old one's name, scopes and lifetime; the old one stops working
-    after ``grace`` (at most a week), so clients can switch over without a failed request."""
+    after ``grace`` (at most a week), so clients can switch over without a failed request.
+    Only a live key rotates: a revoked, rotated or expired one is a Conflict (rotating it
+    would bring a dead key's powers back to life)."""
     if not timedelta(0) <= grace <= MAX_ROTATION_GRACE:
         raise InvalidRequest("grace_seconds", f"must be between 0 and {MAX_ROTATION_GRACE}")
     old = get_key(session, tenant_id, key_id)
     if old.revoked_at is not None:
         raise Conflict(f"API key {key_id} is revoked or already rotated")
     now = utcnow()
+    if old.expires_at is not None and _utc(old.expires_at) <= now:
+        raise Conflict(f"API key {key_id} expired at {_utc(old.expires_at)}: create a new one")
     expires_at = None
     if old.expires_at is not None:
         expires_at = now + (_utc(old.expires_at) - _utc(old.created_at))

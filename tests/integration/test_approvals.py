@@ -4,6 +4,7 @@ never runs it and the model reads why; deadlines apply their policy once."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -396,3 +397,79 @@ def test_an_abandoned_call_of_an_ask_tool_waits_for_a_person_and_the_rest_run_af
         ("1-2", "succeeded"),
     ]
     assert f"upsert {task_id}:1-2" in journal.read_text().splitlines()
+
+
+def approval_urls(text: str) -> list[str]:
+    """Every approval link in a response body (JSON or an event stream)."""
+    return re.findall(r'"approval_url":\s*"([^"]+)"', text)
+
+
+def test_an_approval_link_reaches_only_keys_that_may_decide(
+    links_on: None,
+    client: TestClient,
+    make_tenant: Callable[..., TenantHandle],
+    drive: Callable[..., str],
+    journal: Path,
+) -> None:
+    from shared.store.tenants import create_key, get_tenant_by_name
+
+    owner = make_tenant(("tasks:read", "tasks:write"))
+    task_id = start(client, owner, [WIRE, DONE])
+    assert drive(task_id) == "awaiting_approval"
+    with transaction() as session:
+        tenant = get_tenant_by_name(session, owner.name)
+        reader_key = create_key(session, tenant, ("tasks:read",))
+        approver_key = create_key(session, tenant, ("tasks:read", "tasks:approve"))
+    reader = {"Authorization": f"Bearer {reader_key}"}
+    approver = {"Authorization": f"Bearer {approver_key}"}
+    reads = (f"/v1/tasks/{task_id}", "/v1/tasks?status=awaiting_approval")
+    for path in (*reads, f"/v1/tasks/{task_id}/steps"):
+        answer = client.get(path, headers=reader)
+        assert answer.status_code == 200, answer.text
+        assert approval_urls(answer.text) == [], path
+    for path in reads:  # a key that may decide gets the link, as does one that may submit
+        for headers in (approver, owner.headers):
+            assert len(approval_urls(client.get(path, headers=headers).text)) == 1, path
+    (link,) = approval_urls(client.get(f"/v1/tasks/{task_id}", headers=approver).text)
+    used = client.post(link.removeprefix("https://ratchet.example"), data={"decision": "approve"})
+    assert used.status_code == 200, used.text  # the link still decides, for whoever holds it
+    assert drive(task_id) == "succeeded"
+    assert journal.read_text().splitlines() == [f"wire {task_id}:1-0"]
+    # The stream replays the wait's event (it ends at the terminal one): the reader's without
+    # the link, the approver's with it.
+    read = client.get(f"/v1/tasks/{task_id}/events", headers=reader).text
+    assert "event: task.awaiting_approval" in read
+    assert approval_urls(read) == []
+    assert approval_urls(client.get(f"/v1/tasks/{task_id}/events", headers=approver).text) == [link]
+
+
+@pytest.mark.parametrize("opted_in", [False, True])
+def test_a_webhook_carries_an_approval_link_only_when_the_operator_opts_in(
+    links_on: None,
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    opted_in: bool,
+) -> None:
+    from shared.settings import get_settings
+    from tests.fakes.receiver import WebhookReceiver
+    from workers import webhook_sender
+
+    monkeypatch.setenv("RATCHET_WEBHOOK_APPROVAL_LINKS", str(opted_in).lower())
+    get_settings.cache_clear()
+    held: list[str] = []  # the commits' deliveries, sent below rather than in the background
+    monkeypatch.setattr(webhook_sender, "dispatch", held.extend)
+    with WebhookReceiver() as receiver:
+        hook = {"url": receiver.url(), "events": ["task.awaiting_approval"]}
+        task_id = start(client, tenant, [WIRE, DONE], webhook=hook)
+        assert drive(task_id) == "awaiting_approval"
+        assert len(held) == 1
+        for delivery_id in held:
+            webhook_sender.deliver(delivery_id)
+        [request] = receiver.wait_for(1)
+    body = request.json()
+    assert body["type"] == "task.awaiting_approval"
+    (call,) = body["data"]["pending_approval"]["calls"]
+    assert call["call_id"] == "1-0"
+    assert ("approval_url" in call) is opted_in
