@@ -24,24 +24,43 @@ def _show(schedule: object) -> dict[str, object]:
     return schedule_out(schedule).model_dump(mode="json")
 
 
+PAGE = 100  # schedules read at a time: a page's task bodies are bounded, a tenant's too
+
+
 @schedules.command("list")
 def schedules_list(tenant: TenantOption) -> None:
-    """The tenant's schedules as JSON: cron, zone, next and last tick, ticks fired."""
+    """The tenant's schedules as JSON, by name: cron, zone, next and last tick, ticks fired."""
     from shared.scheduling import schedules as store
     from shared.store.db import require_migrated, transaction
     from shared.store.tenants import get_tenant_by_name
 
     require_migrated()
-    with transaction() as session:
-        tenant_id = get_tenant_by_name(session, tenant).id
-        print_json([_show(s) for s in store.list_for(session, tenant_id)])
+    shown: list[dict[str, object]] = []
+    after: str | None = None
+    while True:
+        with transaction() as session:
+            tenant_id = get_tenant_by_name(session, tenant).id
+            page = store.list_for(session, tenant_id, after=after, limit=PAGE)
+            shown += [_show(s) for s in page]
+        if len(page) < PAGE:
+            break
+        after = page[-1].name
+    print_json(shown)
 
 
 @schedules.command("add")
 def schedules_add(
     tenant: TenantOption,
     name: NameArgument,
-    cron: Annotated[str, typer.Option(help="minute hour day month weekday [second]")],
+    cron: Annotated[
+        str,
+        typer.Option(
+            help="minute hour day month weekday, then optionally a sixth field, the LAST, "
+            "for the second: '0 9 * * 1-5' is 9:00 on weekdays, '* * * * * 30' second 30 of "
+            "every minute, and '*/5 * * * * *' every second of every fifth minute (not every "
+            "5 s). Ticks are at least RATCHET_SCHEDULE_MIN_INTERVAL_SECONDS (60) apart"
+        ),
+    ],
     task: Annotated[str, typer.Option(help="the task's body as JSON (as POST /v1/tasks)")],
     timezone: Annotated[str, typer.Option(help="an IANA time zone")] = "UTC",
     catch_up: Annotated[

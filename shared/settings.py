@@ -122,7 +122,16 @@ class Settings(BaseSettings):
     dispatch_window: int = Field(256, ge=1, le=100_000)
     dispatch_capacity: int | None = Field(None, ge=1)
     dispatch_interval_seconds: float = Field(0.1, gt=0, le=10)
+    # A tenant with no max_running of its own (nor a "*" one) holds at most this share of
+    # the fleet's slots at once, so one tenant's flood of slow tasks never holds them all
+    # (1: no default share). Applies with fair scheduling on.
+    tenant_default_share: float = Field(0.5, gt=0, le=1)
     schedule_misfire_grace_seconds: float = Field(60.0, ge=0)
+    # Schedules: how many a tenant may have, how large a schedule's task body may be (as
+    # JSON), and how often at most a cron may fire (0: as often as it likes).
+    max_schedules_per_tenant: int = Field(100, ge=1, le=1_000_000)
+    schedule_max_task_bytes: int = Field(65_536, ge=1024)
+    schedule_min_interval_seconds: int = Field(60, ge=0, le=86_400)
     rate_limit_inline_wait_ms: int = Field(250, ge=0)
     # AIMD: each provider 429 halves the model's configured rates (not below a tenth), and
     # they creep back by a tenth of the configured rate per minute without one.

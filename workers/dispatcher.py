@@ -80,9 +80,9 @@ class Dispatcher:
 
     # --- one round ------------------------------------------------------------------------
 
-    def capacity(self) -> int:
-        """The fleet's slots: the setting, else the live workers' threads (read once a second);
-        never less than the window, so that a fleet starting up finds work waiting."""
+    def slots(self) -> int:
+        """The fleet's slots: the setting, else the live workers' threads (read once a second;
+        0 while none is known, and then read again at the next round)."""
         if self.settings.dispatch_capacity is not None:
             return self.settings.dispatch_capacity
         now = time.monotonic()
@@ -92,9 +92,23 @@ class Dispatcher:
             threads = sum(w.threads for w in fleet.live_workers())
         except FleetUnavailable:
             threads = 0
-        value = max(threads, self.settings.dispatch_window)
-        self._capacity = (now, value)
-        return value
+        if threads:
+            self._capacity = (now, threads)
+        return threads
+
+    def capacity(self, slots: int) -> int:
+        """How many tasks may be admitted at once: the fleet's ``slots``, never less than the
+        window, so that a fleet starting up finds work waiting."""
+        return max(slots, self.settings.dispatch_window)
+
+    def share(self, slots: int) -> int | None:
+        """The most slots a tenant with no ``max_running`` of its own may hold: its default
+        share of the fleet's ``slots`` (of the capacity while no worker is known), at least
+        one; None with fair scheduling off or a share of 1 (one FIFO, or no default share)."""
+        fraction = self.settings.tenant_default_share
+        if not self.settings.fair_scheduling or fraction >= 1:
+            return None
+        return max(1, int(fraction * (slots or self.capacity(slots))))
 
     def broker_full(self) -> bool:
         """Whether the broker still holds half the window or more: then workers have plenty
@@ -114,15 +128,17 @@ class Dispatcher:
         if now - self._schedules_checked >= IDLE_SECONDS:
             self._schedules_checked = now
             self.fire_schedules()
+        slots = self.slots()
         with transaction() as session:
             lead.lock_round(session)
             found = admission.admission_round(
                 session,
                 limits=limits.cached(session),
-                capacity=self.capacity(),
+                capacity=self.capacity(slots),
                 window=self.settings.dispatch_window,
                 fair=self.settings.fair_scheduling,
                 rotation=self.rotation,
+                share=self.share(slots),
             )
         # One not sent is admitted with no message: the sweeper sends it one after its grace.
         enqueue_steps(found.admitted)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
@@ -217,7 +217,10 @@ class ScheduleCreate(BaseModel):
         min_length=9,
         max_length=200,
         pattern=r"^[0-9*/,-]+( [0-9*/,-]+){4,5}$",
-        description="minute hour day month weekday, and optionally a sixth field: seconds",
+        description="minute hour day month weekday, and optionally a sixth field, the last: "
+        "the second (`* * * * * 30` is once a minute, `*/5 * * * * *` every second of every "
+        "fifth minute). Two ticks are at least `RATCHET_SCHEDULE_MIN_INTERVAL_SECONDS` apart "
+        "(60 by default)",
         examples=["0 9 * * 1-5"],
     )
     timezone: str = Field("UTC", max_length=64, description="an IANA time zone")
@@ -247,6 +250,7 @@ class ScheduleOut(BaseModel):
 
 class ScheduleList(BaseModel):
     items: list[ScheduleOut]
+    next_cursor: str | None = Field(None, description="the next page's ``cursor``; null: none")
 
 
 def _at(ms: int | None) -> datetime | None:
@@ -282,8 +286,10 @@ SCHEDULE_404 = responses({404: "no such schedule (another tenant's is not found 
     summary="Create a schedule",
     responses=responses(
         {
-            409: "the tenant has a schedule of that name",
-            422: "the body is invalid: a bad cron expression, time zone or task",
+            409: "the tenant has a schedule of that name, or as many schedules as it may have",
+            422: "the body is invalid: a bad cron expression (or one firing more often than "
+            "the minimum interval), time zone or task (or a task larger than a schedule's "
+            "may be)",
         }
     ),
 )
@@ -315,12 +321,27 @@ def create_schedule(
 
 
 @router.get("/v1/schedules", response_model=ScheduleList, summary="List the tenant's schedules")
-def list_schedules(principal: Reader, session: SessionDep) -> ScheduleList:
-    """The caller's tenant's schedules, by name."""
+def list_schedules(
+    principal: Reader,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=100, description="at most this many")] = 50,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=100,
+            pattern=r"^[^\x00-\x1f\x7f]+$",  # any name, as the command line allows any
+            description="``next_cursor`` of the page before (the last name it listed)",
+        ),
+    ] = None,
+) -> ScheduleList:
+    """The caller's tenant's schedules, by name, a page at a time. A page's cursor is the name
+    it ends with: names are unique in a tenant, and any name is a cursor (none is refused)."""
+    after = cursor or None
     with session.begin():
-        return ScheduleList(
-            items=[schedule_out(s) for s in schedules.list_for(session, principal.tenant_id)]
-        )
+        rows = schedules.list_for(session, principal.tenant_id, after=after, limit=limit + 1)
+        items = [schedule_out(s) for s in rows[:limit]]
+    more = len(rows) > limit
+    return ScheduleList(items=items, next_cursor=items[-1].name if more else None)
 
 
 @router.get(

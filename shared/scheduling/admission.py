@@ -12,7 +12,9 @@ order of admission is Ratchet's:
 - **by priority, then due time, within a tenant**: priority never crosses tenants;
 - **within every limit**: a task is admitted only while its tenant, its agent and each pool it
   belongs to has a free slot. Admitted tasks (running, or with a message on its way) hold the
-  slots; a task that waits (rate limit, backoff, approval) gives its slot back.
+  slots; a task that waits (rate limit, backoff, approval) gives its slot back. A tenant with
+  no limit of its own holds at most its default share of the fleet (``share``, in slots), so
+  that a flood of slow tasks leaves room for the others' at once.
 
 An admitted task keeps its slot from step to step: a step that may continue at once does so
 on the worker (or by a direct message), never through the dispatcher. And with direct
@@ -170,9 +172,11 @@ def choose(
     budget: int,
     fair: bool,
     rotation: Rotation,
+    share: int | None = None,
 ) -> list[Candidate]:
     """Pick up to ``budget`` of ``found``: round-robin over tenants (weighted), each tenant's
-    in its order, every pick within its limits. Updates ``use`` and ``rotation``."""
+    in its order, every pick within its limits (``share``: a tenant's default most, in
+    slots). Updates ``use`` and ``rotation``."""
     queues: dict[str, list[Candidate]] = defaultdict(list)
     for candidate in found:
         queues[candidate.tenant_id if fair else ""].append(candidate)
@@ -183,7 +187,7 @@ def choose(
             turns = limits.tenant(queue[0].tenant).weight if fair else budget
             while turns > 0 and budget > 0 and queue:
                 candidate = queue.pop(0)
-                if not _room(candidate, limits, use):
+                if not _room(candidate, limits, use, share=share):
                     continue
                 use.add(
                     limits, tenant=candidate.tenant, agent=candidate.agent, model=candidate.model
@@ -197,8 +201,8 @@ def choose(
     return picked
 
 
-def _room(candidate: Candidate, limits: Limits, use: Use) -> bool:
-    tenant_max = limits.tenant(candidate.tenant).max_running
+def _room(candidate: Candidate, limits: Limits, use: Use, *, share: int | None) -> bool:
+    tenant_max = limits.max_running(candidate.tenant, share=share)
     if tenant_max is not None and use.tenants[candidate.tenant] >= tenant_max:
         return False
     agent = limits.agent(candidate.agent)
@@ -233,7 +237,9 @@ class Round:
     more: bool = False  # budget is left and a tenant had more than this round read of it
     # The budget left when every due task read was admitted or is held back by a limit of
     # its own: so many new tasks under no limit would be admitted at once (see
-    # shared.scheduling.gate); 0 when a due task waits for room.
+    # shared.scheduling.gate); 0 when a due task waits for room. With a default share, never
+    # more than the busiest tenant under it may still take: whoever takes the gate's slots,
+    # no tenant goes past its share.
     spare: int = 0
 
 
@@ -245,8 +251,11 @@ def admission_round(
     window: int,
     fair: bool,
     rotation: Rotation,
+    share: int | None = None,
 ) -> Round:
-    """One round: count what is admitted, read what is due, choose, admit (not committed)."""
+    """One round: count what is admitted, read what is due, choose, admit (not committed).
+    ``share``: the most a tenant with no ``max_running`` of its own may hold (None: no
+    default share)."""
     scan_index_entries(session)  # the admitted tasks' index churns
     use = in_use(session, limits)
     budget = min(capacity - use.total, window - use.in_queue)
@@ -254,7 +263,9 @@ def admission_round(
         return Round([], waiting=True)
     per_tenant = rotation.per_tenant(budget) if fair else budget
     found = candidates(session, per_tenant=per_tenant, fair=fair)
-    picked = choose(found, limits=limits, use=use, budget=budget, fair=fair, rotation=rotation)
+    picked = choose(
+        found, limits=limits, use=use, budget=budget, fair=fair, rotation=rotation, share=share
+    )
     admitted = admit(session, picked)
     read = Counter(c.tenant_id for c in found)
     if read:  # an empty round says nothing of how many tenants the next burst comes from
@@ -262,8 +273,17 @@ def admission_round(
     capped = any(n >= per_tenant for n in read.values())
     more = capped and len(admitted) < budget and len(picked) == len(found)
     unread = capped if fair else len(found) >= per_tenant  # maybe more due than was read
-    spare = 0 if unread else budget - len(picked)
+    spare = 0 if unread else _within_share(budget - len(picked), limits, use, share=share)
     return Round(admitted, waiting=len(found) > len(admitted), more=more, spare=spare)
+
+
+def _within_share(spare: int, limits: Limits, use: Use, *, share: int | None) -> int:
+    """``spare``, cut to what the busiest tenant under the default share may still take: the
+    gate does not know who takes its slots (a tenant under a limit of its own never does)."""
+    if share is None:
+        return spare
+    held = [n for t, n in use.tenants.items() if limits.tenant(t).max_running is None]
+    return max(0, min(spare, share - max(held, default=0)))
 
 
 def backlog_by_tenant(session: Session) -> dict[str, tuple[int, int]]:

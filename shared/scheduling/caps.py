@@ -26,16 +26,22 @@ def known_uncapped(tenant_name: str) -> bool:
     return cached is not None and cached.tenant(tenant_name).max_queued is None
 
 
+def lock_tenant(session: Session, tenant_id: str, *, namespace: int) -> None:
+    """Serialize, till the transaction ends, what counts and adds a tenant's rows of one kind
+    (``namespace``): a transaction-scoped advisory lock on PostgreSQL; SQLite has one writer."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))"),
+            {"ns": namespace, "tenant": tenant_id},
+        )
+
+
 def check(session: Session, tenant_id: str, tenant_name: str) -> None:
     """In the submission's transaction, before its insert: QueueFull past the cap."""
     cap = limits.cached(session).tenant(tenant_name).max_queued
     if cap is None:
         return
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(
-            text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))"),
-            {"ns": QUEUE_LOCK_NAMESPACE, "tenant": tenant_id},
-        )
+    lock_tenant(session, tenant_id, namespace=QUEUE_LOCK_NAMESPACE)
     queued = session.scalar(
         select(func.count())
         .select_from(Task)

@@ -13,7 +13,10 @@ A round that leaves a due task waiting for room closes it, and so does a leader 
 So a task goes direct only when the dispatcher would have admitted it at once, and never
 ahead of one waiting in the backlog: fairness, priority and capacity hold as through the
 backlog. Tasks under a concurrency limit, and tasks not due yet, always go through the
-backlog (the API counts no slots).
+backlog (the API counts no slots). A tenant's default share of the fleet is kept by the
+gate's size instead: a round opens it with no more slots than the busiest tenant under that
+share may still take, so whoever takes them, no tenant goes past its share (and while one is
+at its share, everything goes through the backlog).
 
 Taking a slot is one Redis script on the broker, or process memory when embedded; no answer
 is a no. Off by default (``RATCHET_DIRECT_ADMISSION``): the task starts a few milliseconds

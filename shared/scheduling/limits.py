@@ -19,6 +19,12 @@ stored with who and when)::
 
 Only admitted steps count: a task waiting in the backlog, for a rate-limit token, a retry
 backoff or an approval holds no slot.
+
+A tenant the operator set no ``max_running`` for (nor a ``*`` one) still holds at most
+``RATCHET_TENANT_DEFAULT_SHARE`` of the fleet's slots (the dispatcher turns the share into
+slots, see :meth:`Limits.max_running`): admitted tasks keep their slots until they end or
+wait, so without it one tenant's flood of slow tasks would hold every slot, and the others'
+tasks would wait for its steps to end however fairly the backlog is ordered.
 """
 
 from __future__ import annotations
@@ -133,6 +139,13 @@ class Limits:
     def tenant(self, name: str) -> TenantLimit:
         tenants = self.config.tenants
         return tenants.get(name) or tenants.get("*") or TenantLimit()
+
+    def max_running(self, tenant: str, *, share: int | None) -> int | None:
+        """The most tasks ``tenant`` may have admitted at once: its own (or ``*``'s)
+        ``max_running`` when the operator set one, else ``share``, the default share of the
+        fleet in slots (None: no default)."""
+        own = self.tenant(tenant).max_running
+        return own if own is not None else share
 
     def agent(self, name: str) -> AgentLimit | None:
         return self.config.agents.get(name) or self.config.agents.get("*")

@@ -1,6 +1,7 @@
 """Fair scheduling with real processes: a small tenant is not stuck behind a big one's backlog,
-concurrency limits hold at the model server, a killed dispatcher loses and doubles nothing,
-and a schedule fires once per tick through a kill -9."""
+nor behind its flood of slow tasks (the default share of the fleet), concurrency limits hold
+at the model server, a killed dispatcher loses and doubles nothing, and a schedule fires once
+per tick through a kill -9."""
 
 from __future__ import annotations
 
@@ -68,6 +69,60 @@ def test_a_small_tenant_finishes_while_a_big_tenants_backlog_is_still_draining(
     # In turn with the big tenant, the small one's 20 went through ~40 admissions: the big
     # tenant's backlog is still there (in one FIFO, all 600 would have gone first).
     assert left >= 300, f"the big tenant had only {left} left after {took:.1f} s"
+
+
+FLOOD_DELAY_MS = 45_000  # far longer than the bound below: a step of the flood never ends in it
+
+
+def wait_for_workers(http: httpx.Client, operator: TenantHandle, *, timeout: float = 30) -> int:
+    """The fleet's step threads, once a worker has published its presence (the dispatcher
+    counts its slots from there)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = http.get("/v1/admin/fleet", headers=operator.headers)
+        assert response.status_code == 200, response.text
+        threads = sum(int(w["threads"]) for w in response.json()["workers"])
+        if threads:
+            return threads
+        time.sleep(0.1)
+    raise AssertionError(f"no worker published its presence in {timeout} s")
+
+
+def test_a_flood_of_slow_tasks_never_holds_every_slot_so_another_tenant_runs_at_once(
+    stack: StackFactory, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    # Default settings but a small worker: 4 step threads, no concurrency limit of any kind.
+    # The flood asks for three times the fleet's threads, each step a 45 s model call.
+    fleet = stack(
+        workers=1,
+        concurrency=1,
+        env={"RATCHET_WORKER_THREADS": "4", "RATCHET_SHUTDOWN_GRACE_SECONDS": "0"},
+    )
+    hostile, other, operator = make_tenant(), make_tenant(), make_tenant(("operator",))
+    http = fleet.client()
+    assert wait_for_workers(http, operator) == 4
+    flood = submit_many(
+        http, hostile, [scripted_task([{"content": "slow", "delay_ms": FLOOD_DELAY_MS}])] * 12
+    )
+    deadline = time.monotonic() + 30
+    while len(running(flood)) < 2:  # the flood holds what it may of the fleet
+        assert time.monotonic() < deadline, "the flood never started"
+        time.sleep(0.1)
+    started = time.monotonic()
+    ids = submit_many(http, other, [scripted_task(ANSWER)] * 6)
+    # Without a default share the flood holds all four threads, and these wait 45 s for them.
+    done = wait_all(http, other.headers, ids, timeout=20)
+    took = time.monotonic() - started
+    assert {t["status"] for t in done.values()} == {"succeeded"}, took
+    assert len(running(flood)) <= 2  # half the fleet, never more
+    assert unfinished(hostile) == len(flood)  # the flood's steps are still on their model calls
+
+
+def running(ids: list[str]) -> set[str]:
+    with transaction() as session:
+        return set(
+            session.scalars(select(Task.id).where(Task.id.in_(ids), Task.status == "running"))
+        )
 
 
 class Concurrency:
@@ -149,7 +204,12 @@ def test_killing_the_dispatcher_mid_backlog_loses_nothing_and_admits_nothing_twi
     fleet = stack(
         workers=2,
         concurrency=1,
-        env={"RATCHET_SWEEP_INTERVAL_SECONDS": "1", "RATCHET_DISPATCH_CAPACITY": "6"},
+        env={
+            "RATCHET_SWEEP_INTERVAL_SECONDS": "1",
+            "RATCHET_DISPATCH_CAPACITY": "6",
+            # One tenant alone: the whole fleet is its (no default share holds it back).
+            "RATCHET_TENANT_DEFAULT_SHARE": "1",
+        },
     )
     http = fleet.client()
     ids = submit_many(http, tenant, [scripted_task([{"content": "done", "delay_ms": 20}])] * 2000)
@@ -183,7 +243,9 @@ def test_killing_the_dispatcher_mid_backlog_loses_nothing_and_admits_nothing_twi
 def test_a_schedule_fires_once_per_tick_through_a_kill(
     stack: StackFactory, tenant: TenantHandle
 ) -> None:
-    fleet = stack(workers=3, concurrency=1, env={"RATCHET_SWEEP_INTERVAL_SECONDS": "1"})
+    # A tick every 2 s: the operator lowered the schedules' minimum interval (60 s) to 1 s.
+    env = {"RATCHET_SWEEP_INTERVAL_SECONDS": "1", "RATCHET_SCHEDULE_MIN_INTERVAL_SECONDS": "1"}
+    fleet = stack(workers=3, concurrency=1, env=env)
     http = fleet.client()
     response = http.post(
         "/v1/schedules",

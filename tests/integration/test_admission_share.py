@@ -1,7 +1,9 @@
-"""How many due tasks an admission round reads of each tenant: ``PER_TENANT`` while it does
-not know how many tenants wait, else an equal share of its budget (up to ``PER_TENANT_MAX``),
-so that a single busy tenant fills the window in a few rounds, not one per 32 tasks, and a
-round never reads more than a few times what it did."""
+"""Shares of admission. How many due tasks a round reads of each tenant: ``PER_TENANT`` while
+it does not know how many tenants wait, else an equal share of its budget (up to
+``PER_TENANT_MAX``), so that a single busy tenant fills the window in a few rounds, not one per
+32 tasks, and a round never reads more than a few times what it did. And how much of the fleet
+a tenant may hold: with no limit of its own, its default share, so that another tenant's tasks
+are admitted at once beside its flood (whichever way they come in, the backlog or the gate)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from shared.scheduling.admission import PER_TENANT, PER_TENANT_MAX, Rotation
 from shared.store.db import transaction
 from shared.store.tables import Task
 from tests.conftest import TenantHandle
-from tests.integration.test_scheduling import submit
+from tests.helpers import admit
+from tests.integration.test_direct_admission import admitted_at_insert, leading
+from tests.integration.test_scheduling import admitted, settings, submit
 
 
 @pytest.mark.parametrize(
@@ -71,3 +75,60 @@ def test_a_single_busy_tenant_is_read_for_the_whole_share_after_the_first_round(
             Task.tenant_id == tenant.id, Task.admitted_ms.is_(None)
         )
         assert session.scalar(waiting) == 0
+
+
+@pytest.mark.backends("postgresql", "sqlite")
+def test_a_tenant_with_no_limit_of_its_own_holds_at_most_its_share_of_the_fleet(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    hostile, other = make_tenant(), make_tenant()
+    for _ in range(6):
+        submit(client, hostile)
+    with settings(dispatch_capacity=4, dispatch_window=4):  # 4 slots: half of them by default
+        assert admit() == 2
+        assert len(admitted(hostile)) == 2  # the flood, alone, still leaves half the fleet
+        late = {submit(client, other) for _ in range(2)}
+        assert admit() == 2
+        assert admitted(other) == late  # at once, beside the flood
+        assert admit() == 0  # the flood waits for its own slots, not the others'
+
+
+@pytest.mark.backends("postgresql", "sqlite")
+@pytest.mark.parametrize(
+    ("values", "held"),
+    [
+        ({"concurrency": {"tenants": {"*": {"max_running": 3}}}}, 3),  # the operator's limit
+        ({"tenant_default_share": "0.75"}, 3),  # the operator's share
+        ({"tenant_default_share": "1"}, 4),  # no default share: what the fleet has room for
+        ({"fair_scheduling": "false"}, 4),  # one FIFO: no share either
+    ],
+)
+def test_the_operator_overrides_the_default_share(
+    client: TestClient,
+    make_tenant: Callable[..., TenantHandle],
+    values: dict[str, object],
+    held: int,
+) -> None:
+    hostile = make_tenant()
+    for _ in range(6):
+        submit(client, hostile)
+    with settings(dispatch_capacity=4, dispatch_window=4, **values):
+        admit()
+        assert len(admitted(hostile)) == held
+
+
+@pytest.mark.backends("postgresql", "sqlite")
+def test_the_gate_never_lets_a_tenant_past_its_share(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    hostile, other = make_tenant(), make_tenant()
+    with leading(dispatch_capacity=8) as dispatcher:  # a share of 4 slots
+        assert dispatcher.round().spare == 4  # the fleet has 8 free slots, a tenant 4
+        flood = [submit(client, hostile) for _ in range(6)]
+        assert sum(admitted_at_insert(t) for t in flood) == 4  # its share through the gate
+        found = dispatcher.round()
+        assert (found.admitted, found.spare) == ([], 0)  # at its share: nothing goes direct
+        late = submit(client, other)
+        assert not admitted_at_insert(late)
+        assert [t for t, _ in dispatcher.round().admitted] == [late]  # by the backlog, at once
+        assert len(admitted(hostile)) == 4
