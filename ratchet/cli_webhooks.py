@@ -70,10 +70,11 @@ def _endpoint_json(row: WebhookEndpoint, session: Session) -> dict[str, Any]:
     """The endpoint as ``GET /v1/webhook-endpoints/{id}`` shows it, with its tenant's id."""
     from shared.store.tables import utcnow
     from shared.views import aware
-    from shared.webhooks import endpoints
+    from shared.webhooks import circuits, endpoints
 
     [rates] = endpoints.success_rates(session, [row.id], utcnow() - RATES_WINDOW).values()
     created_at = aware(row.created_at)
+    circuit = circuits.circuit_of(row)
     return {
         "id": row.id,
         "tenant_id": row.tenant_id,
@@ -83,6 +84,11 @@ def _endpoint_json(row: WebhookEndpoint, session: Session) -> dict[str, Any]:
         "disabled_reason": row.disabled_reason,
         "created_at": created_at.isoformat() if created_at else None,
         "deliveries": vars(rates),
+        "circuit": {
+            "state": circuit.state,
+            "consecutive_failures": circuit.consecutive_failures,
+            "until": circuit.until.isoformat() if circuit.until else None,
+        },
     }
 
 
@@ -92,7 +98,7 @@ EventOption = Annotated[
 
 
 def _add(tenant: str, url: str, event: list[str] | None) -> None:
-    from shared.errors import InvalidRequest
+    from shared.errors import Conflict, InvalidRequest
     from shared.store.db import require_migrated, transaction
     from shared.store.tenants import get_tenant_by_name
     from shared.webhooks import endpoints
@@ -105,6 +111,8 @@ def _add(tenant: str, url: str, event: list[str] | None) -> None:
             endpoint = endpoints.create(session, tenant_id, url=url, events=events)
     except InvalidRequest as exc:
         raise _invalid(exc) from None
+    except Conflict as exc:  # the tenant has its most endpoints
+        raise fail(str(exc), 1) from None
     typer.echo(endpoint.id)
 
 

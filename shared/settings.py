@@ -157,6 +157,20 @@ class Settings(BaseSettings):
     ]
     webhook_timeout_seconds: float = Field(10.0, gt=0)
     webhook_secret_overlap_hours: float = Field(24.0, ge=0)
+    # Webhook sending, fair between tenants and receivers (workers/webhook_sender.py): each
+    # worker process sends on webhook_sender_threads threads, taken by the tenants in turn; a
+    # tenant holds at most webhook_tenant_concurrency of them, and one receiver (a tenant's
+    # scheme://host:port) at most webhook_destination_concurrency, so a tenant's hanging
+    # receivers never hold every thread.
+    webhook_sender_threads: int = Field(16, ge=1, le=1024)
+    webhook_tenant_concurrency: int = Field(4, ge=1)
+    webhook_destination_concurrency: int = Field(2, ge=1)
+    # An endpoint's circuit opens after this many failed attempts in a row: its deliveries
+    # wait (per the retry schedule) without a request, and after the cooldown (doubling while
+    # it keeps failing, up to 64 times) one probe goes out; a success closes it again.
+    webhook_breaker_failures: int = Field(5, ge=1)
+    webhook_breaker_cooldown_seconds: float = Field(60.0, gt=0)
+    max_webhook_endpoints_per_tenant: int = Field(100, ge=1, le=100_000)
     tool_timeout_seconds: float = Field(60.0, gt=0)
 
     # The API server under hostile clients (api/server.py) and its waiting requests

@@ -6,7 +6,7 @@ fared. Another tenant's endpoint is not found, whatever the key's scopes.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,7 +22,7 @@ from shared.store.events import EVENT_TYPES, EventType
 from shared.store.tables import WebhookEndpoint, utcnow
 from shared.store.tenants import Principal
 from shared.views import aware
-from shared.webhooks import endpoints
+from shared.webhooks import circuits, endpoints
 from shared.webhooks.endpoints import MAX_URL_LENGTH
 
 router = APIRouter(prefix="/v1/webhook-endpoints", tags=["webhook-endpoints"])
@@ -75,6 +75,20 @@ class DeliveryCounts(BaseModel):
     pending: int = Field(description="due or being sent, retries included")
 
 
+class CircuitOut(BaseModel):
+    """The endpoint's circuit breaker: after RATCHET_WEBHOOK_BREAKER_FAILURES failed attempts
+    in a row it opens, and its deliveries wait (``pending``) without a request until one probe
+    succeeds."""
+
+    state: Literal["closed", "open", "half_open"] = Field(
+        description="closed: sent to; open: held back until ``until``; half_open: a probe is out"
+    )
+    consecutive_failures: int = Field(description="failed attempts in a row")
+    until: datetime | None = Field(
+        description="open: when the probe may go; half_open: when a lost probe is given up on"
+    )
+
+
 class EndpointOut(BaseModel):
     id: str
     url: str
@@ -85,6 +99,7 @@ class EndpointOut(BaseModel):
     )
     created_at: datetime
     deliveries: DeliveryCounts
+    circuit: CircuitOut
 
 
 class EndpointList(BaseModel):
@@ -100,6 +115,7 @@ def _fields(row: WebhookEndpoint) -> dict[str, Any]:
         "enabled": row.enabled,
         "disabled_reason": row.disabled_reason,
         "created_at": aware(row.created_at),
+        "circuit": CircuitOut.model_validate(circuits.circuit_of(row), from_attributes=True),
     }
 
 
@@ -146,11 +162,17 @@ def list_endpoints(
     status_code=201,
     response_model=EndpointOut,
     summary="Add a webhook endpoint",
-    responses=responses({422: "the body is invalid, or the egress policy refuses the URL"}),
+    responses=responses(
+        {
+            409: "the tenant has its most endpoints (RATCHET_MAX_WEBHOOK_ENDPOINTS_PER_TENANT)",
+            422: "the body is invalid, or the egress policy refuses the URL",
+        }
+    ),
 )
 def create_endpoint(body: EndpointCreate, principal: Admin, session: SessionDep) -> EndpointOut:
     """A new endpoint: from now on it receives the listed events of every task of the tenant
-    (running processes see it within 5 s)."""
+    (running processes see it within 5 s). A tenant has at most
+    RATCHET_MAX_WEBHOOK_ENDPOINTS_PER_TENANT endpoints, disabled ones included."""
     with session.begin():
         row = endpoints.create(session, principal.tenant_id, url=body.url, events=body.events)
         [created] = _out(session, [row])

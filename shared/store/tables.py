@@ -294,6 +294,14 @@ class WebhookEndpoint(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     disabled_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The circuit breaker (shared.webhooks.circuits): failed attempts in a row; ``closed``,
+    # ``open`` (held back until circuit_until_ms) or ``half_open`` (one probe out, whose
+    # claim on the probe runs out at circuit_until_ms). Times are the database's clock.
+    consecutive_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    circuit_state: Mapped[str] = mapped_column(
+        String(16), default="closed", server_default="closed"
+    )
+    circuit_until_ms: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class WebhookDelivery(Base):

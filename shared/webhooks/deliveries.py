@@ -4,7 +4,10 @@ disables its endpoint), handed out again by the sweeper when due, redelivered on
 
 A delivery goes ``pending → sending → delivered | failed | disabled``; ``sending`` is a claim
 with an expiry, so a sender that dies mid-send leaves a row the sweeper hands out again (with
-the same ``webhook-id``, which receivers use to drop duplicates).
+the same ``webhook-id``, which receivers use to drop duplicates). A delivery whose endpoint's
+circuit is open (``shared.webhooks.circuits``) is put off instead of sent: that attempt is
+logged as not sent and counts against the retry schedule like a failed one, so the schedule
+still bounds how long a delivery lives.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from shared.store.outbox import (
     forget_subscriptions,
 )
 from shared.store.tables import Task, WebhookAttempt, WebhookDelivery, WebhookEndpoint, utcnow
+from shared.webhooks import circuits
 
 
 def claim(session: Session, delivery_id: str, *, claim_ms: int) -> WebhookDelivery | None:
@@ -83,6 +87,49 @@ def record_attempt(
     over by another records nothing (status ``superseded``).
     """
     values, delay = _next_state(session, delivery, result, schedule=schedule)
+    if not _write_attempt(session, delivery, result, values):
+        return SUPERSEDED, None
+    code = result.status_code
+    if delivery.endpoint_id and code != 410:  # a 410 has disabled it already
+        succeeded = code is not None and 200 <= code < 300
+        circuits.record(session, delivery.endpoint_id, succeeded=succeeded)
+    return str(values["status"]), delay
+
+
+def defer(
+    session: Session,
+    delivery: WebhookDelivery,
+    *,
+    until_ms: int,
+    schedule: Sequence[float],
+) -> tuple[str, float | None]:
+    """Put off a claimed delivery whose endpoint's circuit is open, without a request: the
+    attempt is logged as not sent and the next one waits the schedule's delay, and at least
+    until ``until_ms`` (plus up to a tenth of the wait, so the deliveries held back do not
+    all come due at once). Returns (new status, seconds to the next try), as record_attempt.
+    """
+    clock = int(session.scalar(select(now_ms())) or 0)
+    wait_ms = max(until_ms - clock, 0)
+    not_sent = AttemptResult(
+        started_at=utcnow(),
+        status_code=None,
+        latency_ms=0,
+        error="not sent: the endpoint's circuit is open after failed attempts in a row",
+    )
+    values, delay = _next_state(session, delivery, not_sent, schedule=schedule)
+    if delay is not None and delay * 1000 < wait_ms:
+        delay = (wait_ms + random.uniform(0, wait_ms / 10)) / 1000
+        values["next_attempt_ms"] = clock + int(delay * 1000)
+    if not _write_attempt(session, delivery, not_sent, values):
+        return SUPERSEDED, None
+    return str(values["status"]), delay
+
+
+def _write_attempt(
+    session: Session, delivery: WebhookDelivery, result: AttemptResult, values: dict[str, Any]
+) -> bool:
+    """Move the claimed delivery to ``values`` and log the attempt, if the claim is still
+    ours; whether it was."""
     done = session.execute(
         update(WebhookDelivery)
         .where(WebhookDelivery.id == delivery.id, WebhookDelivery.status == SENDING)
@@ -91,7 +138,7 @@ def record_attempt(
         .execution_options(synchronize_session=False)
     )
     if done.rowcount != 1:  # type: ignore[attr-defined]
-        return SUPERSEDED, None
+        return False
     session.add(
         WebhookAttempt(
             delivery_id=delivery.id,
@@ -102,7 +149,7 @@ def record_attempt(
             error=result.error,
         )
     )
-    return str(values["status"]), delay
+    return True
 
 
 def _next_state(
@@ -132,6 +179,19 @@ def _next_state(
     if delay is None:
         return values | {"status": FAILED, "next_attempt_ms": None}, None
     return values | {"status": PENDING, "next_attempt_ms": now_ms() + int(delay * 1000)}, delay
+
+
+def routes(session: Session, delivery_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Each delivery's tenant and URL, for the sender to queue it fairly (ids not found are
+    left out: a delivery whose transaction rolled back)."""
+    if not delivery_ids:
+        return {}
+    rows = session.execute(
+        select(WebhookDelivery.id, WebhookDelivery.tenant_id, WebhookDelivery.url).where(
+            WebhookDelivery.id.in_(list(delivery_ids))
+        )
+    )
+    return {row[0]: (row[1], row[2]) for row in rows}
 
 
 def target_disabled(session: Session, delivery: WebhookDelivery) -> str | None:

@@ -6,6 +6,9 @@ Every change drops this process's cached subscriptions of the tenant; other proc
 within ``shared.store.outbox.ENDPOINT_CACHE_SECONDS``. A change reaches only events written
 after it: deliveries already in the outbox are checked against their endpoint when they are
 sent (``deliveries.target_disabled``), so one of a disabled or removed endpoint goes nowhere.
+
+A tenant has at most ``RATCHET_MAX_WEBHOOK_ENDPOINTS_PER_TENANT`` endpoints (each one is sent
+every event it lists of every task: their number multiplies the tenant's sending).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from shared.errors import EgressDenied, InvalidRequest, NotFound
+from shared.errors import Conflict, EgressDenied, InvalidRequest, NotFound
 from shared.ids import new_id
+from shared.settings import get_settings
 from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
 from shared.store.outbox import DELIVERED, DISABLED, FAILED, PENDING, SENDING, forget_subscriptions
-from shared.store.tables import WebhookDelivery, WebhookEndpoint
-from shared.webhooks import egress
+from shared.store.tables import Tenant, WebhookDelivery, WebhookEndpoint
+from shared.webhooks import circuits, egress
 
 DEFAULT_EVENTS = TERMINAL_EVENT_TYPES
 MAX_URL_LENGTH = 2048  # the column's
@@ -50,8 +54,6 @@ def checked_url(url: str) -> str:
     """``url`` if the egress policy lets webhooks reach it (https to a public address, or an
     allow-listed host), else InvalidRequest naming ``url``. It resolves the host: call it
     before the transaction's first statement, not while holding a connection."""
-    from shared.settings import get_settings
-
     if len(url) > MAX_URL_LENGTH:
         raise InvalidRequest("url", f"must be at most {MAX_URL_LENGTH} characters")
     allowed = get_settings().webhook_allowed_hosts
@@ -76,14 +78,35 @@ def checked_events(events: Sequence[str]) -> list[str]:
 def create(
     session: Session, tenant_id: str, *, url: str, events: Sequence[str] = DEFAULT_EVENTS
 ) -> WebhookEndpoint:
-    """A new, enabled endpoint of the tenant; the URL and the events are checked first."""
+    """A new, enabled endpoint of the tenant; the URL and the events are checked first.
+
+    Conflict when the tenant has its most endpoints already; two creates at once cannot both
+    take the last place (the tenant's row is locked while counting, on PostgreSQL; SQLite
+    runs one writer at a time)."""
     endpoint = WebhookEndpoint(
         id=new_id(), tenant_id=tenant_id, url=checked_url(url), events=checked_events(events)
     )
+    _check_room(session, tenant_id)
     session.add(endpoint)
     session.flush()
     forget_subscriptions(tenant_id)
     return endpoint
+
+
+def _check_room(session: Session, tenant_id: str) -> None:
+    """Conflict unless the tenant may add one more endpoint."""
+    limit = get_settings().max_webhook_endpoints_per_tenant
+    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    held = session.scalar(
+        select(func.count())
+        .select_from(WebhookEndpoint)
+        .where(WebhookEndpoint.tenant_id == tenant_id)
+    )
+    if (held or 0) >= limit:
+        raise Conflict(
+            f"the tenant has {held} webhook endpoints, the most it may have "
+            f"(RATCHET_MAX_WEBHOOK_ENDPOINTS_PER_TENANT={limit}): remove one first"
+        )
 
 
 def list_for(
@@ -126,8 +149,9 @@ def update(
     endpoint = get(session, tenant_id, endpoint_id)
     if new_url is None and new_events is None:
         return endpoint
-    if new_url is not None:
+    if new_url is not None and new_url != endpoint.url:
         endpoint.url = new_url
+        circuits.reset(endpoint)  # another receiver: its predecessor's failures are not its
     if new_events is not None:
         endpoint.events = new_events
     session.flush()
@@ -146,6 +170,8 @@ def set_enabled(
     if endpoint.enabled != enabled:
         endpoint.enabled = enabled
         endpoint.disabled_reason = None if enabled else reason or "disabled"
+        if enabled:
+            circuits.reset(endpoint)
         session.flush()
         forget_subscriptions(tenant_id)
     return endpoint

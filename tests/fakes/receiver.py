@@ -13,6 +13,10 @@ and what it says after them::
 refused (not timed out) until :meth:`up` starts it on that same port.
 ``WebhookReceiver(delay=s)`` records each request at once and answers it ``s`` seconds later:
 a sender killed in between has sent a request and never read its answer.
+``receiver.hang(path)`` records each request to ``path`` and never answers it;
+``receiver.hang(path, drip=s)`` starts an answer and sends one more byte of it every ``s``
+seconds, never ending it. Either holds the connection until the sender gives up or the
+receiver closes.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {name.lower(): value for name, value in self.headers.items()}
         receiver = self.server.receiver
         status = receiver.record(self.path, headers, body)
+        if self.path in receiver.hanging:
+            self._hang(receiver.hanging[self.path], receiver.closing)
+            return
         time.sleep(receiver.delay)
         answer = b"ok" if 200 <= status < 300 else f"answered {status}".encode()
         try:
@@ -73,6 +80,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(answer)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the sender died while the answer was held back
+
+    def _hang(self, drip: float | None, closing: threading.Event) -> None:
+        """Never answer (``drip`` None), or drip an endless answer one byte at a time."""
+        self.close_connection = True
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Drip: "
+        sent = 0
+        while not closing.wait(drip if drip is not None else 0.05):
+            if drip is None:
+                continue
+            try:
+                self.wfile.write(head[sent : sent + 1] if sent < len(head) else b"x")
+                self.wfile.flush()
+            except OSError:
+                return  # the sender gave up
+            sent += 1
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -87,6 +109,8 @@ class WebhookReceiver:
         self._received: list[Received] = []
         self._scripted: dict[str, deque[int]] = defaultdict(deque)
         self._then: dict[str, int] = {}
+        self.hanging: dict[str, float | None] = {}
+        self.closing = threading.Event()
         self._httpd = _Server(("127.0.0.1", 0), _Handler, bind_and_activate=False)
         self._httpd.receiver = self
         self._httpd.server_bind()  # the port is ours from now on; refused until it listens
@@ -105,6 +129,10 @@ class WebhookReceiver:
         with self._lock:
             self._scripted[path] = deque(statuses)
             self._then[path] = then
+
+    def hang(self, path: str, *, drip: float | None = None) -> None:
+        """Never answer requests to ``path``: say nothing, or drip bytes every ``drip`` s."""
+        self.hanging[path] = drip
 
     def up(self) -> None:
         """Start answering on the port (a no-op if already up)."""
@@ -157,6 +185,7 @@ class WebhookReceiver:
                 self._lock.wait(timeout=left)
 
     def close(self) -> None:
+        self.closing.set()  # hanging requests end, and their connections close
         if self._thread is not None:
             self._httpd.shutdown()
             self._thread.join(timeout=5)

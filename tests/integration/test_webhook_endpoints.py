@@ -100,7 +100,9 @@ def test_an_endpoint_is_added_read_listed_changed_and_removed(
         "disabled_reason",
         "created_at",
         "deliveries",
+        "circuit",
     }
+    assert created["circuit"] == {"state": "closed", "consecutive_failures": 0, "until": None}
     assert created["url"] == URL
     assert created["events"] == TERMINAL_EVENTS  # the CLI's default too
     assert (created["enabled"], created["disabled_reason"]) == (True, None)

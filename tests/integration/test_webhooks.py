@@ -101,7 +101,7 @@ def delivery_rows(task_id: str) -> list[WebhookDelivery]:
 def send_pending(task_id: str) -> list[str | None]:
     """Run the sender on every pending delivery of the task, in event order."""
     return [
-        webhook_sender.deliver(row.id)
+        webhook_sender.attempt(row.id)
         for row in delivery_rows(task_id)
         if row.status == outbox.PENDING
     ]
@@ -562,7 +562,7 @@ def test_the_attempt_log_records_status_latency_and_error(
         session.execute(
             update(WebhookDelivery).where(WebhookDelivery.id == row.id).values(next_attempt_ms=0)
         )
-    assert webhook_sender.deliver(row.id) == outbox.DELIVERED
+    assert webhook_sender.attempt(row.id) == outbox.DELIVERED
 
     [listed] = deliveries(client, tenant, task["id"])
     first, second = listed["attempts"]
