@@ -1,7 +1,7 @@
 """The connection flood: many unauthenticated connections to the API that each send part of a
 request head, a header line every few seconds, and never finish it. Each is renewed before
 the server's header timeout would end it (its successor opened first), and one the server
-closes (or answers with a 503) is opened again after a pause. Bounded: ``connections`` at
+closes (or answers with a 503) is opened again at its next turn. Bounded: ``connections`` at
 most, from one loopback address, ended by ``stop`` or by ``max_seconds``, whichever comes
 first; every connection is closed at the end.
 """
@@ -68,29 +68,30 @@ class ConnectionFlood:
 
     async def _hold(self, index: int) -> None:
         """Hold one connection for good: every ``RENEW_AFTER_SECONDS`` (before a header
-        timeout would end it) the next one is opened before the last is closed, and one the
-        server lets go of is opened again after a short pause."""
+        timeout would end it) the next one is opened before the last is closed. One the
+        server lets go of early is opened again at its next turn, not at once: the flood stays
+        at most one connection attempt per ``RENEW_AFTER_SECONDS`` each, like the client it
+        stands for, rather than becoming a reconnect storm."""
+        loop = asyncio.get_running_loop()
         await asyncio.sleep(index * RAMP_SECONDS / self.connections)
         previous: asyncio.StreamWriter | None = None
         while True:
+            turn = loop.time()
             opened = await self._open()
             if previous is not None:
                 self._close(previous)
                 previous = None
-            if opened is None:
-                await asyncio.sleep(RENEW_SECONDS)
-                continue
-            reader, writer = opened
-            try:
-                let_go = await self._dribble(reader, writer)
-            except OSError:
-                let_go = True
-            if not let_go:
-                previous = writer
-                continue
-            self.counts["closed_by_server"] += 1
-            self._close(writer)
-            await asyncio.sleep(RENEW_SECONDS)
+            if opened is not None:
+                try:
+                    let_go = await self._dribble(*opened)
+                except OSError:
+                    let_go = True
+                if not let_go:
+                    previous = opened[1]
+                    continue
+                self.counts["closed_by_server"] += 1
+                self._close(opened[1])
+            await asyncio.sleep(max(RENEW_SECONDS, turn + RENEW_AFTER_SECONDS - loop.time()))
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         try:
