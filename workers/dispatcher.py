@@ -23,6 +23,7 @@ import threading
 import time
 
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from shared.ops import fleet
 from shared.ops.fleet import FleetUnavailable
@@ -30,6 +31,7 @@ from shared.queue import enqueue_deliveries, enqueue_steps
 from shared.scheduling import admission, gate, lead, limits, schedules
 from shared.scheduling.wake import Waiter
 from shared.settings import get_settings
+from shared.store import tenants
 from shared.store.db import transaction
 from shared.store.tables import Schedule
 
@@ -50,6 +52,7 @@ class Dispatcher:
         self.ttl_ms = int(self.settings.sweep_interval_seconds * 1000)
         self._renewed = 0.0  # when this process last renewed its lead (monotonic)
         self._capacity: tuple[float, int] | None = None
+        self._tenants: tuple[float, int] | None = None  # (when read, how many tenants)
         self._schedules_checked = -IDLE_SECONDS  # when due schedules were last looked for
         self.admitted = 0  # tasks this process admitted (for the logs)
         self.fired = 0
@@ -110,6 +113,16 @@ class Dispatcher:
             return None
         return max(1, int(fraction * (slots or self.capacity(slots))))
 
+    def neighbours(self, session: Session) -> bool:
+        """Whether the fleet serves two tenants or more (read at most once a second): a share
+        is room kept for a neighbour, so a lone tenant (``ratchet dev``'s, a single-tenant
+        install) has the whole fleet. A second tenant's creation brings the share in within a
+        second, before its first task is admitted."""
+        now = time.monotonic()
+        if self._tenants is None or now - self._tenants[0] >= CAPACITY_CACHE_SECONDS:
+            self._tenants = (now, tenants.count_tenants(session))
+        return self._tenants[1] > 1
+
     def broker_full(self) -> bool:
         """Whether the broker still holds half the window or more: then workers have plenty
         to take, and a round now would admit a handful at a round's cost. Waiting for the
@@ -138,7 +151,7 @@ class Dispatcher:
                 window=self.settings.dispatch_window,
                 fair=self.settings.fair_scheduling,
                 rotation=self.rotation,
-                share=self.share(slots),
+                share=self.share(slots) if self.neighbours(session) else None,
             )
         # One not sent is admitted with no message: the sweeper sends it one after its grace.
         enqueue_steps(found.admitted)

@@ -76,6 +76,10 @@ def list_tenants(session: Session) -> list[Tenant]:
     return list(session.scalars(select(Tenant).order_by(Tenant.name)))
 
 
+def count_tenants(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Tenant)) or 0
+
+
 # --- keys -------------------------------------------------------------------------------------
 
 

@@ -109,12 +109,27 @@ def test_the_operator_overrides_the_default_share(
     values: dict[str, object],
     held: int,
 ) -> None:
-    hostile = make_tenant()
+    hostile, _neighbour = make_tenant(), make_tenant()
     for _ in range(6):
         submit(client, hostile)
     with settings(dispatch_capacity=4, dispatch_window=4, **values):
         admit()
         assert len(admitted(hostile)) == held
+
+
+@pytest.mark.backends("sqlite")  # a database of its own: no other test's tenants in it
+def test_a_lone_tenant_has_the_whole_fleet_until_a_neighbour_comes(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    alone = make_tenant()
+    for _ in range(6):
+        submit(client, alone)
+    with settings(dispatch_capacity=4, dispatch_window=4):
+        assert admit() == 4  # no neighbour: no room is kept for one
+        make_tenant()
+        with leading(dispatch_capacity=4) as dispatcher:
+            with transaction() as session:
+                assert dispatcher.neighbours(session)
 
 
 @pytest.mark.backends("postgresql", "sqlite")
