@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     # one of these threads and nothing scarcer (no database connection, no Celery slot, no
     # turn: only db_pool_size steps of a process run their own code at once).
     worker_threads: int = Field(384, ge=1, le=4096)
+    # Calls a step stopped waiting for (past their deadline) that may still run in one worker
+    # process before it stops taking work, lets its leases go and is replaced by a fresh one.
+    worker_max_abandoned_calls: int = Field(32, ge=1, le=4096)
     # Database connections per process (the pool, and how far past it a burst may go); the
     # lease heartbeat has one more of its own.
     db_pool_size: int = Field(6, ge=1, le=100)
@@ -93,6 +96,9 @@ class Settings(BaseSettings):
     webhook_approval_links: bool = False
 
     model_timeout_seconds: float = Field(60.0, gt=0)
+    # The most one attempt of a model call may take in all (the timeout above bounds each
+    # read); empty: twice model_timeout_seconds. Past it the attempt fails as a timeout.
+    model_call_deadline_seconds: float | None = Field(None, gt=0)
     model_max_attempts: int = Field(5, ge=1)
     model_retry_base_seconds: float = Field(0.5, ge=0)
     model_retry_inline_max_seconds: float = Field(5.0, ge=0)

@@ -21,6 +21,7 @@ from workers import (
     dispatcher,
     presence,
     providers,
+    recycling,
     step_pool,
     sweeper,
     tokens,
@@ -36,7 +37,10 @@ app = get_celery()
 def advance_task(task_id: str, step: int | None = None) -> None:
     """Hand the step to this process's step pool (waiting for a free thread); it runs there,
     with the task's next steps after it, so the message is done once the step has started.
-    Safe to run twice (the lease decides)."""
+    Safe to run twice (the lease decides). A process that is leaving keeps the message until
+    it exits, and it goes back on the queue."""
+    if recycling.leaving():
+        recycling.hold()
     work = partial(runner.advance, task_id, step, go_on=step_pool.accepting)
     step_pool.get_pool().run(work)
 
@@ -48,7 +52,10 @@ def advance_tasks(steps: list[list[Any]]) -> None:
     one would; the others only take free ones, and those left over when the pool is full go
     back on the queue for another process, rather than wait here for steps to end. A
     process that dies before it is done never acknowledges the message, and it comes back:
-    a step already running then finds its lease held and leaves it."""
+    a step already running then finds its lease held and leaves it. (A process that is
+    leaving does the same on purpose.)"""
+    if recycling.leaving():
+        recycling.hold()
     pool = step_pool.get_pool()
     for index, (task_id, step) in enumerate(steps):
         work = partial(runner.advance, str(task_id), int(step), go_on=step_pool.accepting)
@@ -75,6 +82,7 @@ def _fresh_connections(**_: Any) -> None:
     reset_engines()
     step_pool.get_pool()  # its threads start now, not on the first messages
     cancels.warm()
+    cancels.on_wedged(recycling.recycle)  # too many calls it cannot stop: it is replaced
     presence.start()  # a pool process (prefork's child, solo's main) runs steps: it says so
 
 

@@ -9,6 +9,13 @@ still valid). The call it waited on is abandoned, as at its time limit: Python c
 thread, so the model's HTTP request or the tool goes on in the background until it returns or
 times out, and its result is dropped. A tool that can stop early watches
 ``ToolContext.cancelled`` (``sleep`` does).
+
+Calls run on two pools of threads, one for model calls and one for tool calls, so that tools
+that hang cannot keep a step of any tenant from asking its model (nor the reverse). Each pool
+has a thread for every step the process runs, plus room for ``RATCHET_WORKER_MAX_ABANDONED_CALLS``
+abandoned calls: a call that a step stopped waiting for and that still runs holds its thread.
+When that many are abandoned and still running, the process is wedged beyond its own repair;
+the callback given to :func:`on_wedged` (the worker's recycling) is told, once.
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 import redis
+from prometheus_client import Counter
 
 from shared import notify
 from shared.constants import CANCELS_CHANNEL
@@ -106,16 +115,26 @@ def cancel(task_id: str) -> None:
         watch.cancel()
 
 
-def call(work: Callable[[], T], *, timeout: float | None = None, name: str = "call") -> T:
-    """Run ``work`` on a thread of the call pool and wait for it, at most ``timeout`` s.
+Pool = Literal["model", "tool"]
+MODEL: Pool = "model"  # the pool of model calls
+TOOL: Pool = "tool"  # the pool of tool calls
+
+
+def call(
+    work: Callable[[], T], *, timeout: float | None = None, name: str = "call", pool: Pool = TOOL
+) -> T:
+    """Run ``work`` on a thread of the ``pool`` call pool and wait for it, at most ``timeout`` s.
 
     Raises :class:`Interrupted` as soon as the step's task is cancelled (inside a step), and
-    ``TimeoutError`` past the timeout; in both cases ``work`` is abandoned and runs on.
+    ``TimeoutError`` past the timeout; in both cases ``work`` is abandoned and runs on, counted
+    as abandoned until it returns.
     """
     watch = current()
     outcome: list[tuple[bool, object]] = []
     wake = threading.Event()
     context = contextvars.copy_context()  # its logs and spans stay the step's
+    pools = _calls()
+    ticket = Ticket()
 
     def run() -> None:
         try:
@@ -124,8 +143,9 @@ def call(work: Callable[[], T], *, timeout: float | None = None, name: str = "ca
             outcome.append((False, exc))
         finally:
             wake.set()
+            pools.settle(ticket)
 
-    _calls().submit(run)
+    pools.submit(pool, run)
     with watch.waking(wake) if watch is not None else nullcontext():
         # A call that answers at once (most tools do) keeps the step's turn; one that takes
         # longer gives it up to the steps waiting for one, and waits in line to take it back.
@@ -133,6 +153,8 @@ def call(work: Callable[[], T], *, timeout: float | None = None, name: str = "ca
         if not wake.wait(quick):
             with step_pool.waiting():
                 wake.wait(None if timeout is None else timeout - quick)
+    if not outcome:
+        pools.abandon(ticket, pool=pool)
     if watch is not None and watch.cancelled.is_set():
         # Even if it returned meanwhile: a tool that watches the cancel returns cut short.
         raise Interrupted(f"task {watch.task_id} was cancelled")
@@ -144,21 +166,108 @@ def call(work: Callable[[], T], *, timeout: float | None = None, name: str = "ca
     raise TimeoutError(f"{name} did not return within {timeout:g} s")
 
 
-_pools: dict[int, Threads] = {}
+def pause(seconds: float) -> None:
+    """Wait ``seconds`` as a step waits on a call: without its turn, and cut short by a cancel
+    of its task (:class:`Interrupted`)."""
+    watch = current()
+    with step_pool.waiting():
+        if watch is None:
+            time.sleep(seconds)
+        elif watch.cancelled.wait(seconds):
+            raise Interrupted(f"task {watch.task_id} was cancelled")
 
 
-def _calls() -> Threads:
-    """This process's call threads, started on first use (threads do not survive a
-    fork), and reused: starting a thread per call costs a step more than the call's own
-    Python work. Twice the step threads, so that calls abandoned and still running leave
-    room for the steps' own. A worker process makes them as it starts (``warm``)."""
+@dataclass
+class Ticket:
+    """One call's standing: whether it returned, and whether its step stopped waiting first."""
+
+    done: bool = False
+    abandoned: bool = False
+
+
+class CallPools:
+    """A process's two call pools and its count of abandoned calls still running.
+
+    Only a call whose step stopped waiting for it is counted, from then until it returns; at
+    ``limit`` of them the ``wedged`` callback runs (once: the process is on its way out)."""
+
+    def __init__(self, threads: int, *, limit: int) -> None:
+        self.limit = limit
+        self.abandoned = 0
+        self._pools = {
+            kind: Threads(threads + limit, name=f"{kind}-call") for kind in (MODEL, TOOL)
+        }
+        self._lock = threading.Lock()
+        self._told = False
+
+    def submit(self, pool: Pool, work: Callable[[], None]) -> None:
+        self._pools[pool].submit(work)
+
+    def abandon(self, ticket: Ticket, *, pool: Pool) -> None:
+        """The step stopped waiting for this call: count it, if it still runs."""
+        with self._lock:
+            if ticket.done:
+                return
+            ticket.abandoned = True
+            self.abandoned += 1
+            wedged = self.abandoned >= self.limit and not self._told
+            self._told = self._told or wedged
+            running = self.abandoned
+        ABANDONED_CALLS.labels(pool=pool).inc()
+        if wedged:
+            _wedged(f"{running} abandoned calls still run (RATCHET_WORKER_MAX_ABANDONED_CALLS)")
+
+    def settle(self, ticket: Ticket) -> None:
+        """The call returned: it holds its thread no longer."""
+        with self._lock:
+            ticket.done = True
+            if ticket.abandoned:
+                self.abandoned -= 1
+
+
+ABANDONED_CALLS = Counter(
+    "ratchet_abandoned_calls_total",
+    "Model and tool calls a step stopped waiting for (past their deadline, or cancelled) "
+    "while they still ran",
+    ["pool"],
+)
+_pools: dict[int, CallPools] = {}
+_on_wedged: Callable[[str], None] | None = None
+
+
+def _calls() -> CallPools:
+    """This process's call pools, started on first use (threads do not survive a fork), and
+    reused: starting a thread per call costs a step more than the call's own Python work. A
+    worker process makes them as it starts (``warm``)."""
     pool = _pools.get(os.getpid())
     if pool is None:
+        settings = get_settings()
         with _lock:
             pool = _pools.get(os.getpid()) or _pools.setdefault(
-                os.getpid(), Threads(2 * get_settings().worker_threads, name="call")
+                os.getpid(),
+                CallPools(settings.worker_threads, limit=settings.worker_max_abandoned_calls),
             )
     return pool
+
+
+def abandoned() -> int:
+    """How many calls of this process were abandoned and still run."""
+    pool = _pools.get(os.getpid())
+    return 0 if pool is None else pool.abandoned
+
+
+def on_wedged(callback: Callable[[str], None]) -> None:
+    """Call ``callback(reason)`` once, when this process's abandoned calls reach the limit
+    (from the step that abandoned the last of them: it should return at once)."""
+    global _on_wedged  # noqa: PLW0603 - one process, one way out
+    _on_wedged = callback
+
+
+def _wedged(reason: str) -> None:
+    if _on_wedged is None:
+        log.warning("this process is wedged: %s; restart it", reason)
+        return
+    _on_wedged(reason)
 
 
 def warm() -> None:

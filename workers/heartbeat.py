@@ -8,7 +8,8 @@ and the step's next write stops the step.
 
 A step that runs past ``RATCHET_STEP_TIME_LIMIT_SECONDS`` (stuck in a call that never
 returns) is no longer kept alive: its lease runs out, another worker resumes the task from its
-last commit, and the stuck step, if it ever wakes, is fenced off.
+last commit, and the stuck step, if it ever wakes, is fenced off. A process that is leaving
+(``workers.recycling``) lets all of its leases go the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _lock = threading.Lock()
 _leases: dict[int, tuple[Lease, float, float]] = {}  # id → (lease, since, last extended)
 LOST = float("-inf")  # "last extended" of a lease found lost: kept until its step lets it go
 _thread: threading.Thread | None = None
+_letting_go = threading.Event()
 TICK_SECONDS = 0.25
 BATCH = 500  # leases per statement
 
@@ -125,9 +127,15 @@ def _extend_batch(leases: list[Lease], *, ttl_ms: int) -> None:
             cancels.cancel(task_id)
 
 
+def let_go() -> None:
+    """Extend no lease of this process any more: it is leaving. The leases of its steps still
+    running then run out, and the sweeper resumes their tasks elsewhere."""
+    _letting_go.set()
+
+
 def _run() -> None:
     while True:
         time.sleep(TICK_SECONDS)
         due = _due()
-        if due:
+        if due and not _letting_go.is_set():
             extend(due)

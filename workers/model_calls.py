@@ -6,6 +6,13 @@ A provider 429 pauses that model for the whole fleet for its Retry-After. Transi
 retry with exponential backoff and full jitter; a backoff too long to sleep through, like a
 long rate-limit wait, becomes :class:`Deferred` so the step goes back on the queue and holds
 no worker.
+
+The provider is asked on the process's model-call pool (``cancels.call``), and each attempt
+has a deadline it cannot outlive (``RATCHET_MODEL_CALL_DEADLINE_SECONDS``): the SDKs' own
+timeout bounds each read, so a server that sends a byte now and then could hold an attempt
+forever. An attempt past its deadline is abandoned and fails as the provider's timeout does,
+transient. The step waits for the attempts and the backoffs between them without its turn,
+and a cancel of its task cuts either short (``cancels.Interrupted``).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from shared.ratelimit import limits
 from shared.ratelimit.buckets import LimiterUnavailable, Take
 from shared.ratelimit.limiter import get_limiter
 from shared.settings import get_settings
-from workers import tokens
+from workers import cancels, tokens
 from workers.providers import ModelRequest, ModelResponse, Provider
 
 log = logging.getLogger("ratchet.model")
@@ -74,7 +81,7 @@ class RetryPolicy:
     def sleep(self, seconds: float) -> None:
         if seconds > self.inline_max:
             raise Deferred(seconds, reason={"reason": "retry_backoff"}, failures=self.failures)
-        time.sleep(seconds)
+        cancels.pause(seconds)
 
 
 def complete(
@@ -166,11 +173,14 @@ def limited_call(
         raise LeaseLost(f"task {request.task_id}: its lease may have run out; not asking")
     started, started_at = time.perf_counter(), datetime.now(UTC)
     try:
-        response = provider.complete(request)
+        response = ask(provider, request)
     except ModelError as exc:
         if failed is not None:
             failed.append(failed_call(exc, started_at, time.perf_counter() - started))
         _after_error(exc, takes, model)
+        raise
+    except cancels.Interrupted:
+        _refund(takes)  # cancelled: no answer will be used
         raise
     metrics.model_calls.labels(model=model, outcome="ok").inc()
     metrics.model_seconds.labels(model=model).observe(time.perf_counter() - started)
@@ -180,6 +190,28 @@ def limited_call(
     changes = [(take, used - take.cost) for take in takes if take.bucket.scope.endswith(":tokens")]
     _safely(lambda: get_limiter().adjust(changes))
     return response
+
+
+def ask(provider: Provider, request: ModelRequest) -> ModelResponse:
+    """One attempt: the provider's answer, on the model-call pool, within the attempt's
+    deadline; past it the attempt is abandoned and fails as transient."""
+    deadline = attempt_deadline()
+    try:
+        return cancels.call(
+            partial(provider.complete, request), timeout=deadline, name="model", pool=cancels.MODEL
+        )
+    except TimeoutError:
+        raise ModelTransientError(
+            f"the model provider did not answer within the call's {deadline:g} s deadline"
+        ) from None
+
+
+def attempt_deadline() -> float:
+    """How long one attempt may take in all: the setting, else twice the SDKs' timeout (which
+    bounds each read, and so an answer that takes that long to begin and as long again to
+    arrive)."""
+    settings = get_settings()
+    return settings.model_call_deadline_seconds or 2 * settings.model_timeout_seconds
 
 
 def failed_call(exc: ModelError, started_at: datetime, seconds: float) -> dict[str, Any]:
@@ -237,7 +269,7 @@ def wait_for_capacity(takes: list[Take], model: str) -> None:
                 "wait_ms": decision.retry_after_ms,
             }
             raise Deferred(decision.retry_after_ms / 1000, reason=reason)
-        time.sleep(decision.retry_after_ms / 1000)
+        cancels.pause(decision.retry_after_ms / 1000)
 
 
 def _refund(takes: list[Take]) -> None:

@@ -6,14 +6,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import httpx
 from pydantic import Field
 
+from shared.agents import http_exchange
 from shared.agents.calculator import MAX_EXPRESSION_LENGTH, evaluate
 from shared.agents.registry import Agent, ToolContext, register_agent, tool
 from shared.errors import ToolError
 from shared.settings import get_settings
-from shared.webhooks.egress import check_url, pinned_request
+from shared.webhooks.egress import check_url
 
 
 @tool(idempotent=True)
@@ -50,30 +50,27 @@ def http_request(
     headers: dict[str, str] | None = None,
     json: Any = None,
 ) -> dict[str, Any]:
-    """Make an HTTP request and return its status, headers and body (text, first 64 KiB).
+    """Make an HTTP request and return its status, headers and body (text, first 64 KiB;
+    ``truncated`` says whether there was more).
 
     Every call carries an ``Idempotency-Key`` header that stays the same if the call is
-    re-sent after a crash, so a receiver that honours it performs the action once."""
+    re-sent after a crash, so a receiver that honours it performs the action once. A
+    ``Host`` header is not forwarded. The whole exchange, not each read, must complete within
+    the tool's time limit."""
     settings = get_settings()
     destination = check_url(
         url,
         allowed_hosts=settings.http_allowed_hosts,
         only_allowed=bool(settings.http_allowed_hosts),
     )
-    sent_headers = {k: v for k, v in (headers or {}).items() if k.lower() != "idempotency-key"}
-    sent_headers["Idempotency-Key"] = context.idempotency_key
-    with httpx.Client(timeout=settings.tool_timeout_seconds, follow_redirects=False) as client:
-        try:
-            response = pinned_request(
-                client, destination, method=method, headers=sent_headers, json=json
-            )
-        except httpx.HTTPError as exc:
-            raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
-    return {
-        "status": response.status_code,
-        "headers": dict(response.headers),
-        "body": response.text[:65536],
-    }
+    reply = http_exchange.exchange(
+        destination,
+        method=method,
+        headers=http_exchange.outgoing_headers(headers, idempotency_key=context.idempotency_key),
+        json=json,
+        seconds=settings.tool_timeout_seconds,
+    )
+    return reply.to_dict()
 
 
 register_agent(

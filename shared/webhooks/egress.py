@@ -11,9 +11,11 @@ import fnmatch
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import httpx
 
@@ -199,3 +201,23 @@ def pinned_request(
     headers["Host"] = destination.url.netloc.decode()
     extensions = {"sni_hostname": destination.host}
     return client.request(method, url, headers=headers, extensions=extensions, **kwargs)  # type: ignore[arg-type]
+
+
+def pinned_stream(
+    client: httpx.Client,
+    destination: Destination,
+    *,
+    method: str,
+    headers: Mapping[str, str],
+    extensions: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> AbstractContextManager[httpx.Response]:
+    """As :func:`pinned_request`, with the body left unread: the caller reads as much of it as
+    it wants inside ``with``, and the connection closes at its end."""
+    url, sent, more = destination.url, httpx.Headers(headers), dict(extensions or {})
+    if destination.address is not None:
+        ip = destination.address
+        url = url.copy_with(host=f"[{ip}]" if ":" in ip else ip)
+        sent["Host"] = destination.url.netloc.decode()
+        more["sni_hostname"] = destination.host
+    return client.stream(method, url, headers=sent, extensions=more, **kwargs)

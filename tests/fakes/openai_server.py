@@ -9,11 +9,12 @@ A test queues the replies, in order, that ``POST /v1/chat/completions`` gives::
     )
 
 A reply is a completion (tool calls with ``finish_reason: "tool_calls"``, or a final text
-answer, each with ``usage``), an HTTP error (status, body and headers such as ``Retry-After``)
-or a stall (no answer for a while, to outlast the client's timeout). A request that finds the
-queue empty gets a 500 that says so, unless the server has a ``responder``: a function that
-computes the reply from the request, for tests whose replies depend on what was asked (many
-tasks at once, or requests repeated after a crash)::
+answer, each with ``usage``), an HTTP error (status, body and headers such as ``Retry-After``),
+a stall (no answer for a while, to outlast the client's timeout) or a drip (an answer that
+begins and never ends, a byte now and then, so no read of the client ever times out). A
+request that finds the queue empty gets a 500 that says so, unless the server has a
+``responder``: a function that computes the reply from the request, for tests whose replies
+depend on what was asked (many tasks at once, or requests repeated after a crash)::
 
     def respond(request: Received) -> Reply:
         steps_so_far = sum(m["role"] == "assistant" for m in request.messages)
@@ -87,7 +88,16 @@ class Stall:
     then: Completion | ErrorReply | None = None
 
 
-Reply = Completion | ErrorReply | Stall
+@dataclass(frozen=True)
+class Drip:
+    """A 200 whose body never comes: after the head, a space every ``interval`` seconds (JSON
+    allows them before a value) until the server closes. No read of the client waits as long
+    as its timeout: only a deadline on the whole call ends it."""
+
+    interval: float = 0.1
+
+
+Reply = Completion | ErrorReply | Stall | Drip
 Responder = Callable[["Received"], Reply]
 
 
@@ -132,6 +142,10 @@ def error(
 
 def stall(seconds: float, then: Completion | ErrorReply | None = None) -> Stall:
     return Stall(seconds, then)
+
+
+def drip(interval: float = 0.1) -> Drip:
+    return Drip(interval)
 
 
 @dataclass(frozen=True)
@@ -301,6 +315,9 @@ class _Handler(BaseHTTPRequestHandler):
             at=time.monotonic(),
         )
         reply: Reply | None = fake._record(received)
+        if isinstance(reply, Drip):
+            self._drip(reply.interval)
+            return
         if isinstance(reply, Stall):
             if fake._closing.wait(reply.seconds):
                 return
@@ -316,6 +333,20 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             with fake._lock:  # the client gave up or went away: nothing to tell it
                 fake._undelivered.append(received.at)
+
+    def _drip(self, interval: float) -> None:
+        closing = self.server.fake._closing
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "1000000")
+        self.end_headers()
+        try:
+            while not closing.wait(interval):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up on it: what its deadline is for
+        self.close_connection = True
 
     def _read_body(self) -> Any:
         length = int(self.headers.get("content-length") or 0)

@@ -79,18 +79,16 @@ def call_model(ctx: Context) -> Answer:
     failpoints.hit("model_call")
     with tracing.model_span(ctx.task.model) as span:
         try:
-            response = cancels.call(
-                partial(
-                    model_calls.complete,
-                    provider,
-                    request,
-                    model=ctx.task.model,
-                    tenant=ctx.tenant_name,
-                    prior_failures=ctx.task.model_failures,
-                    failed=failed,
-                    still_held=partial(heartbeat.holding, ctx.lease),
-                ),
-                name="model",
+            # Each attempt waits on the model pool, within its deadline; the waits between
+            # attempts give up the step's turn. A cancel cuts either short.
+            response = model_calls.complete(
+                provider,
+                request,
+                model=ctx.task.model,
+                tenant=ctx.tenant_name,
+                prior_failures=ctx.task.model_failures,
+                failed=failed,
+                still_held=partial(heartbeat.holding, ctx.lease),
             )
         except cancels.Interrupted:
             span.set_status(StatusCode.ERROR, "cancelled")
