@@ -27,13 +27,14 @@ HOSTILE_SOURCE = "127.0.0.3"
 FLOOD_SOURCE = "127.0.0.4"
 DRIP_SECONDS = 3.0  # one byte this often, forever: per-read timeouts never fire
 BOMB = "(9**9999)**1500"
+SETUP_SECONDS = 60.0  # the most a pattern's submissions may take
 
 
 def hostile_client(api: str, key: str) -> httpx.Client:
     return httpx.Client(
         base_url=api,
         headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
+        timeout=10,
         transport=httpx.HTTPTransport(local_address=HOSTILE_SOURCE),
     )
 
@@ -53,13 +54,20 @@ def tool_turn(name: str, **arguments: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
-def submit_many(http: httpx.Client, body: dict[str, Any], count: int) -> Counter[str]:
-    """POST ``body`` ``count`` times; the answers' status codes (or errors), counted: a
-    service that refuses part of a flood says so here."""
+def post_many(
+    http: httpx.Client, body: dict[str, Any], count: int, *, path: str = "/v1/tasks"
+) -> Counter[str]:
+    """POST ``body`` to ``path`` ``count`` times, within ``SETUP_SECONDS`` in all; the
+    answers' status codes (or errors, or ``not sent``), counted: a service that refuses part
+    of a flood says so here, and one that hangs cannot stretch the run."""
     answers: Counter[str] = Counter()
-    for _ in range(count):
+    deadline = time.monotonic() + SETUP_SECONDS
+    for sent in range(count):
+        if time.monotonic() > deadline:
+            answers["not sent"] += count - sent
+            break
         try:
-            answers[str(http.post("/v1/tasks", json=body).status_code)] += 1
+            answers[str(http.post(path, json=body).status_code)] += 1
         except httpx.HTTPError as exc:
             answers[type(exc).__name__] += 1
     return answers
@@ -213,7 +221,7 @@ class HungCalls:
             tools=["http_request"],
         )
         with hostile_client(api, key) as http:
-            self.answers = submit_many(http, body, self.tasks)
+            self.answers = post_many(http, body, self.tasks)
 
     def stop(self) -> dict[str, Any]:
         self.drip.stop()
@@ -243,7 +251,7 @@ class CalculatorBomb:
         )
         with hostile_client(api, key) as http:
             for _ in range(self.bombs):
-                self.answers.update(submit_many(http, body, 1))
+                self.answers.update(post_many(http, body, 1))
                 if self.stopping.wait(self.every_seconds):
                     return
 
@@ -269,7 +277,7 @@ class SlowFlood:
     def start(self, api: str, key: str) -> None:
         body = scripted([{"content": "slow", "delay_ms": 60_000}], tools=[])
         with hostile_client(api, key) as http:
-            self.answers = submit_many(http, body, self.tasks)
+            self.answers = post_many(http, body, self.tasks)
 
     def stop(self) -> dict[str, Any]:
         return {"slow_tasks": self.tasks, "submit_answers": dict(self.answers)}
@@ -290,14 +298,10 @@ class HangingWebhooks:
     def start(self, api: str, key: str) -> None:
         self.receiver = HangingReceiver()
         with hostile_client(api, key) as http:
-            for _ in range(self.endpoints):
-                try:
-                    answer = http.post("/v1/webhook-endpoints", json={"url": self.receiver.url})
-                    self.made[str(answer.status_code)] += 1
-                except httpx.HTTPError as exc:
-                    self.made[type(exc).__name__] += 1
+            endpoint = {"url": self.receiver.url}
+            self.made = post_many(http, endpoint, self.endpoints, path="/v1/webhook-endpoints")
             body = scripted([{"content": "done"}], tools=[])
-            self.answers = submit_many(http, body, self.tasks)
+            self.answers = post_many(http, body, self.tasks)
 
     def stop(self) -> dict[str, Any]:
         return {

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -211,6 +212,18 @@ def prepare(checkout: Checkout, scratch: Scratch) -> str:
     return template
 
 
+def prepare_all(found: dict[str, Checkout], scratch: Scratch) -> dict[str, str | Exception]:
+    """Each side's template, or why it could not be made (each of that side's runs reports
+    it; the other side still runs)."""
+    templates: dict[str, str | Exception] = {}
+    for side, checkout in found.items():
+        try:
+            templates[side] = prepare(checkout, scratch)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            templates[side] = exc
+    return templates
+
+
 def run(options: Options) -> dict[str, Any]:
     """Every pattern on every side, sides taking turns pattern by pattern."""
     shutil.rmtree(LOGS, ignore_errors=True)
@@ -218,16 +231,16 @@ def run(options: Options) -> dict[str, Any]:
     began = time.monotonic()
     try:
         with checkouts(list(options.sides), before=options.before, repo=REPO) as found:
-            templates = {side: prepare(found[side], scratch) for side in options.sides}
+            templates = prepare_all(found, scratch)
             sides: dict[str, Any] = {s: {**found[s].describe(), "patterns": {}} for s in found}
             for name in options.patterns:
-                for side in options.sides:
-                    sides[side]["patterns"][name] = run_pattern(
-                        found[side],
-                        name,
-                        template=templates[side],
-                        scratch=scratch,
-                        options=options,
+                for side, template in templates.items():
+                    sides[side]["patterns"][name] = (
+                        {"error": f"not migrated: {template}"}
+                        if isinstance(template, Exception)
+                        else run_pattern(
+                            found[side], name, template=template, scratch=scratch, options=options
+                        )
                     )
     finally:
         scratch.close()
