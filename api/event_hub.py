@@ -1,7 +1,9 @@
 """One subscription per API process to the event wake-ups, fanned out to waiting requests.
 
 SSE streams and long polls wait on an asyncio.Event per task instead of each holding a
-Redis connection; the hub sets the events of a task when a wake-up for it arrives.
+Redis connection; the hub sets the events of a task when a wake-up for it arrives. When the
+process is stopping, :meth:`EventHub.close` wakes every one of them for good: ``closing`` tells
+a stream to end (with a last event saying so) instead of waiting on.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ class EventHub:
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self.closing = False
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.closing = False
         if get_settings().embedded:
             notify.add_listener(self._from_thread)
         else:
@@ -44,6 +48,12 @@ class EventHub:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def close(self) -> None:
+        """The process is stopping: every waiting stream wakes and ends, and so does any that
+        starts from now on (on the event loop's thread)."""
+        self.closing = True
+        self.wake_all()
 
     def _from_thread(self, task_id: str) -> None:
         if self._loop is not None and not self._loop.is_closed():

@@ -15,6 +15,7 @@ from fastapi_offline import FastAPIOffline
 
 from api import dashboard, problems
 from api.body_limit import BodyLimitMiddleware
+from api.body_text import BodyTextMiddleware
 from api.deps import connection_turns
 from api.event_hub import hub
 from api.params import reject_nul
@@ -33,7 +34,9 @@ from api.routes import (
     webhook_endpoints,
     webhooks,
 )
-from api.schemas import document_submission
+from api.schemas import document_submission, forbid_nul_in_request_bodies
+from api.security_headers import SecurityHeadersMiddleware
+from api.shutdown import on_exit_signal
 from api.url_credentials import UrlCredentialsMiddleware
 from shared.agents.registry import get_registry
 from shared.observability import logs
@@ -49,6 +52,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     egress.warn_if_open(get_settings())
     get_registry()
     await hub.start()
+    # At SIGTERM an open event stream ends with a last event, instead of holding the stop.
+    restore_signals = on_exit_signal(hub.close)
     # What is loaded by now (the app, its schemas, the registry, the ORM's mappers) lives as
     # long as the process: frozen, out of the cycle collector's sight, so that a full
     # collection no longer walks it. Under load those walks paused every request in flight
@@ -58,6 +63,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        restore_signals()
         await hub.stop()
 
 
@@ -82,7 +88,8 @@ ANY_REQUEST = responses(
     {
         400: "an API key in the query string",
         413: REASONS[413],
-        422: "a path or query parameter holds a NUL character, or is invalid",
+        422: "a path or query parameter, or a string in the body, holds a NUL character "
+        "(or a lone surrogate), or is invalid",
         431: REASONS[431],
     }
 )
@@ -107,6 +114,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         document_submission(components)
         components["Problem"] = Problem.model_json_schema(ref_template=REFS)
         components.update(components["Problem"].pop("$defs", {}))
+        forbid_nul_in_request_bodies(schema)
         app.openapi_schema = schema
     return app.openapi_schema
 
@@ -145,8 +153,10 @@ def create_app() -> FastAPI:
     )
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     problems.install(app)
+    app.add_middleware(BodyTextMiddleware)  # NUL or lone surrogates in any body: a 422
     app.add_middleware(BodyLimitMiddleware, max_bytes=get_settings().max_request_bytes)
-    app.add_middleware(UrlCredentialsMiddleware)  # outermost: before anything reads the URL
+    app.add_middleware(UrlCredentialsMiddleware)  # before anything reads the URL
+    app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every answer, refusals too
     # The API's routes first, the busiest first: a request is matched against the routes in
     # the order they were added (no two of these groups share a path).
     for router in (

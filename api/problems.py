@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.errors import (
@@ -38,6 +40,7 @@ DATABASE_RETRY_AFTER_SECONDS = 5
 DATABASE_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.TimeoutError, psycopg.OperationalError)
 
 
+METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
 # Type URNs stay put when Python renames a reason phrase (3.13 took RFC 9110's names for these).
 STABLE_SLUGS = {413: "content-too-large", 422: "unprocessable-content"}
 # Why the API may answer each status, for the OpenAPI document; a route adds its own reasons.
@@ -202,9 +205,29 @@ async def _validation(_: Request, exc: Exception) -> JSONResponse:
     return problem(422, detail, slug="validation-error", errors=errors)
 
 
-async def _http(_: Request, exc: Exception) -> JSONResponse:
+async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return problem(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+    headers = getattr(exc, "headers", None)
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": allowed_methods(request)}
+    return problem(exc.status_code, str(exc.detail), headers=headers)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at the request's path, for a 405's ``Allow``.
+
+    Starlette answers a 405 from the first route whose path matched, naming its methods
+    only; a path is often served by several routes (``GET`` and ``POST /v1/tasks``). Each
+    method is tried against the router as a request of that method would be."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes
+        )
+    ]
+    return ", ".join(allowed)
 
 
 async def _domain(_: Request, exc: Exception) -> JSONResponse:
@@ -285,6 +308,10 @@ class UnhandledErrors:
             await self.app(scope, receive, tracking_send)
         except StarletteHTTPException:
             raise  # a body over the limit, met while streaming: the body limit answers it
+        except ClientDisconnect:
+            # The client left before its body arrived (or it was too late, which the server
+            # logged): no one to answer, nothing unexpected to log.
+            return
         except Exception as exc:
             log_unexpected(exc)
             if not started:

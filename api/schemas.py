@@ -160,6 +160,7 @@ class TaskCreate(BaseModel):
         extra="forbid",
         allow_inf_nan=False,
         json_schema_extra={
+            "not": {"required": ["run_at", "delay_seconds"]},  # one of them at most
             "examples": [
                 {
                     "input": "What is 6*7?",
@@ -168,7 +169,7 @@ class TaskCreate(BaseModel):
                     "budget": {"max_tokens": 200000, "max_cost_usd": 2.0},
                     "metadata": {"customer": "42"},
                 }
-            ]
+            ],
         },
     )
 
@@ -321,3 +322,40 @@ def document_submission(components: dict[str, Any]) -> None:
     components["JsonValue"] = JSON_VALUE_SCHEMA
     body["properties"]["model_options"]["properties"] = {"script": script["properties"]["script"]}
     components["TaskCreate"] = body
+
+
+def forbid_nul_in_request_bodies(document: dict[str, Any]) -> None:
+    """Say in the schema of every request body what api/body_text.py enforces on all of them:
+    no string or key holds a NUL. A string with a pattern, a format or an enum of its own
+    already rules it out; an object of free-form values gets ``JsonValue``'s."""
+    components = document.get("components", {}).get("schemas", {})
+    seen: set[str] = set()
+    pending: list[Any] = [
+        media.get("schema")
+        for path in document.get("paths", {}).values()
+        for operation in path.values()
+        if isinstance(operation, dict)
+        for media in operation.get("requestBody", {}).get("content", {}).values()
+    ]
+    while pending:
+        schema = pending.pop()
+        if isinstance(schema, list):
+            pending.extend(schema)
+        if not isinstance(schema, dict):
+            continue
+        ref = schema.get("$ref", "")
+        name = ref.rpartition("/")[2]
+        if ref.startswith("#/components/schemas/") and name not in seen:
+            seen.add(name)
+            pending.append(components.get(name))
+        _forbid_nul(schema)
+        pending.extend(v for k, v in schema.items() if k not in ("examples", "example", "enum"))
+
+
+def _forbid_nul(schema: dict[str, Any]) -> None:
+    if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(schema):
+        schema["pattern"] = NO_NUL
+    if schema.get("type") == "object" and schema.get("additionalProperties") is True:
+        schema["additionalProperties"] = {"$ref": "#/components/schemas/JsonValue"}
+    if schema.get("type") == "object" and "additionalProperties" in schema:
+        schema.setdefault("propertyNames", {"pattern": NO_NUL})

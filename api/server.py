@@ -8,25 +8,40 @@ may take to arrive, so :class:`GuardedHttpProtocol` adds both: a head over
 event loop), and a connection whose head is not complete within ``api_header_timeout_seconds``
 (or whose body is not within ``api_body_timeout_seconds``) is dropped, so a slowloris client
 holds nothing for long.
+
+Connections are bounded so that no client can lock the others out alone. One client address
+holds at most ``api_max_connections_per_client`` connections at once (a trusted proxy,
+``api_trusted_proxies``, is exempt: it speaks for many clients, and its X-Forwarded-For is
+believed); and ``api_max_connections`` counts requests in progress, not connections: one still
+sending its head, or idle between requests, is not counted (the header and keep-alive
+timeouts end those), so half-open connections never turn away a request whose head arrived.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from asyncio import TimerHandle
+from collections import Counter
+from functools import cache
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 import uvicorn
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shared.settings import Settings, get_settings
 
+log = logging.getLogger("ratchet.api.server")
 HEAD_END = b"\r\n\r\n"
+BUSY_RETRY_AFTER_SECONDS = 1
+# Open connections of each client address in this process (the event loop is the only writer).
+open_by_client: Counter[str] = Counter()
 
 
-def _problem(status: int, title: str, detail: str) -> bytes:
-    """A complete ``Connection: close`` response with a problem+json body."""
-    body = json.dumps(
+def _problem_body(status: int, title: str, detail: str) -> bytes:
+    return json.dumps(
         {
             "type": f"urn:ratchet:problem:{title.lower().replace(' ', '-')}",
             "title": title,
@@ -34,11 +49,51 @@ def _problem(status: int, title: str, detail: str) -> bytes:
             "detail": detail,
         }
     ).encode()
+
+
+def _problem(status: int, title: str, detail: str) -> bytes:
+    """A complete ``Connection: close`` response with a problem+json body."""
+    body = _problem_body(status, title, detail)
     head = (
         f"HTTP/1.1 {status} {title}\r\ncontent-type: application/problem+json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+@cache
+def _trusted(proxies: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(ip_network(p, strict=False) for p in proxies if p != "*")
+
+
+def is_trusted_proxy(host: str, proxies: list[str]) -> bool:
+    """Whether ``host`` (a peer's address) is one of ``api_trusted_proxies``."""
+    if "*" in proxies:
+        return True
+    try:
+        address = ip_address(host)
+    except ValueError:
+        return False  # a Unix socket's peer, or no address at all
+    return any(address in network for network in _trusted(tuple(proxies)))
+
+
+async def over_capacity(scope: Scope, receive: Receive, send: Send) -> None:
+    """The answer to a request past ``api_max_connections``: a 503 problem with Retry-After."""
+    detail = "the server is serving its most requests at once; retry shortly"
+    body = _problem_body(503, "Service Unavailable", detail)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/problem+json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(BUSY_RETRY_AFTER_SECONDS).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -51,6 +106,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._max_head_lines = settings.api_max_headers + 2  # the request line, the blank line
         self._header_timeout = settings.api_header_timeout_seconds
         self._body_timeout = settings.api_body_timeout_seconds
+        self._max_requests = settings.api_max_connections
+        self._max_per_client = settings.api_max_connections_per_client
+        self._proxies = settings.api_trusted_proxies
+        self._client: str | None = None  # the address counted in open_by_client, if any
         self._in_head = True
         self._head_bytes = 0
         self._head_lines = 0
@@ -62,9 +121,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._arm(self._header_timeout)
+        peer = transport.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) and peer else ""
+        if not host or is_trusted_proxy(host, self._proxies):
+            return
+        if open_by_client[host] >= self._max_per_client:
+            detail = (
+                f"this client holds {self._max_per_client} connections open, its most; "
+                "reuse one, or close one first"
+            )
+            self._refuse(_problem(429, "Too Many Requests", detail))
+            return
+        self._client = host
+        open_by_client[host] += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._client is not None:
+            open_by_client[self._client] -= 1
+            if not open_by_client[self._client]:
+                del open_by_client[self._client]
+            self._client = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -94,7 +171,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._arm(self._body_timeout)
-        super().on_headers_complete()
+        if len(self.tasks) < self._max_requests:
+            super().on_headers_complete()
+            return
+        # uvicorn starts the request with ``self.app``, read once as it does: this request
+        # alone is answered by over_capacity.
+        app, self.app = self.app, over_capacity
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -125,7 +211,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             detail = "the request line and headers did not arrive in time"
             self._refuse(_problem(408, "Request Timeout", detail))
         else:
-            self.transport.close()  # the body is late: the app sees a disconnect
+            # The body is late: the app sees a disconnect, and answers nothing. One line says
+            # why (the client's own address is for the proxy's log, not this one).
+            log.warning(
+                "dropped a request whose body did not arrive within %s s", self._body_timeout
+            )
+            self.transport.close()
 
     def _refuse(self, response: bytes) -> None:
         self._disarm()
@@ -149,10 +240,16 @@ def serve(*, host: str, port: int, workers: int = 1, log_level: str | None = Non
 
 
 def limits(settings: Settings) -> dict[str, Any]:
-    """uvicorn's own knobs for the server-wide limits."""
+    """uvicorn's own knobs for the server-wide limits. ``api_max_connections`` is not its
+    ``limit_concurrency``, which counts every open connection, half-open ones included: the
+    protocol applies it to requests in progress."""
     return {
         "http": GuardedHttpProtocol,
-        "limit_concurrency": settings.api_max_connections,
         "backlog": settings.api_backlog,
         "timeout_keep_alive": settings.api_keep_alive_seconds,
+        # Open SSE streams end at SIGTERM (api/shutdown.py); anything else still running this
+        # long after it is cancelled, so a stop never waits without bound.
+        "timeout_graceful_shutdown": settings.api_shutdown_grace_seconds,
+        "proxy_headers": bool(settings.api_trusted_proxies),
+        "forwarded_allow_ips": settings.api_trusted_proxies or None,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from ipaddress import ip_network
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -182,7 +183,10 @@ class Settings(BaseSettings):
     # The API server under hostile clients (api/server.py) and its waiting requests
     # (api/stream_limits.py). A request head (request line and headers) over these sizes is
     # refused with a 431; one not complete within the header timeout, or a body not complete
-    # within the body timeout, is dropped. Connections past api_max_connections get a 503.
+    # within the body timeout, is dropped. Requests in progress past api_max_connections get
+    # a 503 (a connection still sending its head, or idle between requests, is not counted);
+    # a client address holds at most api_max_connections_per_client connections, unless it
+    # is a trusted proxy (whose X-Forwarded-For is then believed).
     api_max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216)
     api_max_headers: int = Field(100, ge=10, le=10_000)
     api_header_timeout_seconds: float = Field(10.0, gt=0)
@@ -190,6 +194,12 @@ class Settings(BaseSettings):
     api_keep_alive_seconds: int = Field(5, ge=1)
     api_max_connections: int = Field(2048, ge=16)
     api_backlog: int = Field(2048, ge=16)
+    api_max_connections_per_client: int = Field(256, ge=1)
+    api_trusted_proxies: CommaList = ["127.0.0.1", "::1"]
+    # On SIGTERM open SSE streams end at once; other requests get this long to finish.
+    api_shutdown_grace_seconds: float = Field(10.0, ge=0)
+    # A bearer token Prometheus may scrape the API's /metrics with (else an operator key).
+    metrics_token: SecretStr | None = None
     # SSE streams and long polls (?wait=) held open at once by one API process: in all, and
     # by one tenant. Past them a request gets a 503 or a 429, with Retry-After.
     api_max_streams: int = Field(1000, ge=1)
@@ -200,10 +210,31 @@ class Settings(BaseSettings):
         "http_allowed_hosts",
         "webhook_allowed_hosts",
         "webhook_retry_schedule",
+        "api_trusted_proxies",
         mode="before",
     )(_split_commas)
 
     # --- checked when the settings are read, so a bad value stops a process at start -------
+
+    @field_validator("api_trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if item != "*":
+                try:
+                    ip_network(item, strict=False)
+                except ValueError:
+                    raise ValueError(f"not an IP address, a network or *: {item!r}") from None
+        return value
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _metrics_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        if len(value.get_secret_value()) < 32:
+            raise ValueError("at least 32 characters (e.g. `openssl rand -hex 32`)")
+        return value
 
     @field_validator("database_url")
     @classmethod

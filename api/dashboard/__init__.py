@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from api.dashboard import admin_pages, approval_pages, auth, pages, task_pages
+from api.dashboard.flash import FlashSigning
 from api.dashboard.render import HERE
 
 
@@ -17,3 +18,4 @@ def install(app: FastAPI) -> None:
         app.include_router(module.router)
     app.add_exception_handler(auth.LoginRequired, auth.login_redirect)
     app.add_exception_handler(auth.Forbidden, auth.forbidden)
+    app.add_middleware(FlashSigning)  # a page shows only a flash its own form's answer signed

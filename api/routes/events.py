@@ -4,6 +4,11 @@ It replays from ``Last-Event-ID`` (or ``?after=``), then streams live; wake-ups 
 event hub and Postgres is read for the events themselves, so a resumed stream yields every
 event exactly once and in order. It ends after the terminal event that is the task's current
 state: a ``task.failed`` followed by a retry's ``task.queued`` is not the end.
+
+It also ends, cleanly, when it cannot go on: the database became unavailable, or the API
+process is stopping. Its last event is then an ``error`` event (no ``id``: it is not in the
+log) whose data is a problem document, with a ``retry:`` hint; the client reconnects with
+``Last-Event-ID`` and misses nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -21,12 +27,14 @@ from fastapi.responses import StreamingResponse
 
 from api.event_hub import hub
 from api.params import event_start
-from api.problems import responses
+from api.problems import DATABASE_RETRY_AFTER_SECONDS, DATABASE_UNAVAILABLE, responses
 from api.stream_limits import StreamReader
 from shared.store import tasks
 from shared.store.db import get_sessionmaker
 from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, last_event, list_events
 from shared.store.tenants import APPROVE
+
+log = logging.getLogger("ratchet.api.events")
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"])
 KEEPALIVE_SECONDS = 15.0
@@ -65,7 +73,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     last, quiet_since = after, time.monotonic()
     async with hub.watch(task_id) as changed:
-        while True:
+        while not hub.closing:
             changed.clear()
             events, end = await run_in_threadpool(
                 _read, tenant_id, task_id, last, approval_links=approval_links
@@ -84,6 +92,27 @@ async def _stream(
             if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
                 yield ": keep-alive\n\n"
                 quiet_since = time.monotonic()
+    yield _error_event("shutting-down", "the server is stopping; reconnect with Last-Event-ID")
+
+
+def _error_event(slug: str, detail: str) -> str:
+    """The last event of a stream that cannot go on: a problem, and when to reconnect."""
+    problem = {"type": f"urn:ratchet:problem:{slug}", "title": "Service Unavailable"}
+    data = json.dumps({**problem, "status": 503, "detail": detail}, separators=(",", ":"))
+    return f"retry: {DATABASE_RETRY_AFTER_SECONDS * 1000}\nevent: error\ndata: {data}\n\n"
+
+
+async def _ending_cleanly(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``stream``, ended by an ``error`` event if the database becomes unavailable: the
+    response then ends as a whole (its last chunk sent), not cut off mid-stream."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except DATABASE_UNAVAILABLE as exc:
+        cause = getattr(exc, "orig", None) or exc
+        log.warning("an event stream ended: the database is unavailable (%s)", type(cause).__name__)
+        detail = "the database is unavailable; reconnect with Last-Event-ID shortly"
+        yield _error_event("database-unavailable", detail)
 
 
 # One event of the stream (OpenAPI 3.1: a sequential media type's schema describes an item).
@@ -93,16 +122,24 @@ SSE_EVENT = {
         "id": {
             "type": "string",
             "pattern": "^[0-9]+$",
-            "description": "the event's seq: resume after it with Last-Event-ID",
+            "description": "the event's seq: resume after it with Last-Event-ID (none on an "
+            "``error`` event)",
         },
-        "event": {"type": "string", "enum": list(EVENT_TYPES)},
+        "event": {"type": "string", "enum": [*EVENT_TYPES, "error"]},
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "description": "JSON: the task for task.* events, the step's record for step.*",
+            "description": "JSON: the task for task.* events, the step's record for step.*, "
+            "and for ``error`` (the stream's last event when the database is unavailable or the "
+            "server is stopping: reconnect with Last-Event-ID) a Problem",
+        },
+        "retry": {
+            "type": "string",
+            "pattern": "^[0-9]+$",
+            "description": "on an ``error`` event: milliseconds to wait before reconnecting",
         },
     },
-    "required": ["id", "event", "data"],
+    "required": ["event", "data"],
 }
 STREAM_RESPONSES = {
     200: {
@@ -148,8 +185,14 @@ async def stream_events(
     start = event_start(after, last_event_id)
     await run_in_threadpool(_check_exists, principal.tenant_id, task_id)  # 404 before streaming
     return StreamingResponse(
-        _stream(
-            request, principal.tenant_id, task_id, start, approval_links=principal.allows(APPROVE)
+        _ending_cleanly(
+            _stream(
+                request,
+                principal.tenant_id,
+                task_id,
+                start,
+                approval_links=principal.allows(APPROVE),
+            )
         ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

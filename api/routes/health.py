@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import hmac
 import os
+from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from sqlalchemy import text
 
+from api.deps import bearer_key, get_principal, require
 from api.problems import problem, responses
 from shared.settings import get_settings
 from shared.store.db import get_engine, require_migrated
+from shared.store.tenants import OPERATOR
 
 router = APIRouter(tags=["health"])
 
@@ -23,8 +27,20 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+async def metrics_reader(request: Request) -> None:
+    """The scraper: ``Authorization: Bearer`` with ``RATCHET_METRICS_TOKEN`` (checked in
+    constant time, no database), or an API key with the ``operator`` scope. The metrics name
+    every tenant's agents and models and their volumes, so they are an operator's to read."""
+    token = get_settings().metrics_token
+    if token is not None and hmac.compare_digest(
+        bearer_key(request).encode(), token.get_secret_value().encode()
+    ):
+        return
+    await require(OPERATOR)(await get_principal(request))
+
+
 @router.get("/metrics", response_class=Response, include_in_schema=False)
-def metrics() -> Response:
+def metrics(_: Annotated[None, Depends(metrics_reader)]) -> Response:
     """Prometheus metrics of the API: of every process when it runs several (``ratchet api
     --workers N`` shares a multiprocess directory), else of this one."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

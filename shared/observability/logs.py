@@ -7,7 +7,8 @@ across workers. Text lines carry the same fields at their end.
 
 A step binds its fields with :func:`bound`; anything logged inside (by Ratchet, an agent's
 tool, or a library) carries them. Ratchet's own log calls name tasks, steps, models and
-hosts, never keys, webhook secrets or request bodies.
+hosts, never keys, webhook secrets or request bodies. httpx's own line for each request it
+sends names the URL: its user info and query values are redacted (:class:`RedactUrls`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 FIELDS = ("task_id", "step", "lease_epoch")
 _bound: ContextVar[dict[str, Any]] = ContextVar("ratchet_log_fields", default={})  # noqa: B039 - never mutated
 _HANDLER_NAME = "ratchet"
+REDACTED = "REDACTED"
+# Loggers that put the URLs a process sends to in their records' arguments.
+URL_LOGGERS = ("httpx",)
 
 
 @contextlib.contextmanager
@@ -74,6 +79,36 @@ class TextFormatter(logging.Formatter):
         return f"{head} [{tail}]{newline}{rest}"
 
 
+def redact_url(url: str) -> str:
+    """``url`` without its credentials: no ``user:password@``, and each query value
+    replaced (a webhook's or a tool's URL may carry a token in either); the names stay, so
+    the line still says where the request went."""
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+        query = [(k, REDACTED) for k, _ in parse_qsl(parts.query, keep_blank_values=True)]
+        return urlunsplit(parts._replace(netloc=host, query=urlencode(query), fragment=""))
+    except ValueError:  # not a URL after all (a bad port, a bad IPv6 literal)
+        return REDACTED
+
+
+class RedactUrls(logging.Filter):
+    """Redacts the URLs in a record's arguments (httpx logs ``HTTP Request: POST <url>
+    "HTTP/1.1 200 OK"`` at INFO, its URL an argument): an ``httpx.URL`` or a string that
+    holds ``://``. Other arguments, the status code among them, are left as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted_arg(arg) for arg in record.args)
+        return True
+
+
+def _redacted_arg(arg: object) -> object:
+    if type(arg).__name__ == "URL" or (isinstance(arg, str) and "://" in arg):
+        return redact_url(str(arg))
+    return arg
+
+
 def configure(*, log_format: str, level: str | int, capture_warnings: bool = False) -> None:
     """Send every logger's records (uvicorn's and Celery's included, and Python's warnings
     with ``capture_warnings``) to stderr in the chosen format. Safe to call again: it replaces
@@ -92,6 +127,10 @@ def configure(*, log_format: str, level: str | int, capture_warnings: bool = Fal
         logger.propagate = True
     # Alembic's plugin registry says hello at INFO in every process that checks the schema.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    for name in URL_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactUrls) for f in logger.filters):
+            logger.addFilter(RedactUrls())
     logging.captureWarnings(capture_warnings)
 
 

@@ -10,10 +10,12 @@ memory is back near where it started.
 from __future__ import annotations
 
 import asyncio
+import re
 import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,3 +240,87 @@ def test_hostile_clients_do_not_hurt_another_tenant(
     while rss_kib(pid) > rss_before * 1.5 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert rss_kib(pid) <= rss_before * 1.5, (rss_before, rss_kib(pid))
+
+
+FLOOD = 200  # half-open connections from one client: past RATCHET_API_MAX_CONNECTIONS below
+FLOOD_ENV = {
+    "RATCHET_API_MAX_CONNECTIONS": "64",
+    "RATCHET_API_MAX_CONNECTIONS_PER_CLIENT": "32",
+    "RATCHET_API_HEADER_TIMEOUT_SECONDS": "60",  # the flood outlasts the test: no timeout helps
+}
+
+
+async def half_open(address: tuple[str, int], hold: asyncio.Event) -> str:
+    """From another loopback address, start a request head and never finish it; return
+    "held" if the server kept the connection until ``hold``, else what it answered."""
+    reader, writer = await asyncio.open_connection(*address, local_addr=("127.0.0.2", 0))
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        await writer.drain()
+        read = asyncio.create_task(reader.read(4096))
+        await asyncio.wait([read, asyncio.create_task(hold.wait())], return_when="FIRST_COMPLETED")
+        if not read.done():
+            read.cancel()
+            return "held"
+        answer = read.result()
+        return answer.split(b"\r\n", 1)[0].decode() if answer else "closed"
+    finally:
+        writer.close()
+
+
+async def flood_while(
+    address: tuple[str, int], work: Callable[[], list[int]]
+) -> tuple[Counter[str], list[int]]:
+    hold = asyncio.Event()
+    conns = [asyncio.create_task(half_open(address, hold)) for _ in range(FLOOD)]
+    await asyncio.sleep(2)  # every connection is open, or was refused
+    statuses = await asyncio.to_thread(work)
+    hold.set()
+    return Counter(await asyncio.gather(*conns)), statuses
+
+
+def test_half_open_connections_of_one_client_do_not_lock_out_another(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    fleet = stack(workers=0, env=FLOOD_ENV)
+
+    def work() -> list[int]:  # a new connection each: each must get in past the flood
+        return [
+            httpx.get(f"{fleet.url}/v1/tasks", headers=tenant.headers, timeout=30).status_code
+            for _ in range(30)
+        ]
+
+    flood, statuses = asyncio.run(flood_while(_address(fleet), work))
+    print(f"flood: {flood}")
+    assert statuses == [200] * 30
+    # The flooding client kept its most connections; the rest were refused at once.
+    assert flood["held"] == 32, flood
+    assert flood["HTTP/1.1 429 Too Many Requests"] == FLOOD - 32, flood
+
+
+def test_a_late_body_is_one_warning_line(stack: StackFactory, tenant: TenantHandle) -> None:
+    fleet = stack(workers=0, env={"RATCHET_API_BODY_TIMEOUT_SECONDS": "1"})
+
+    async def late_body() -> bytes:
+        reader, writer = await asyncio.open_connection(*_address(fleet))
+        head = (
+            f"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tenant.key}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        writer.write(head.encode() + b'{"input": ')
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.read(4096), timeout=20)  # b"": dropped
+        finally:
+            writer.close()
+
+    async def three() -> list[bytes]:
+        return await asyncio.gather(*(late_body() for _ in range(3)))
+
+    assert asyncio.run(three()) == [b""] * 3
+    with fleet.client(headers=tenant.headers) as http:
+        assert http.get("/v1/tasks").json()["items"] == []  # nothing was submitted
+    log = fleet.log_text("api")
+    assert len(re.findall(r"WARNING .*body did not arrive within 1\.0 s", log)) == 3, log
+    assert "Traceback" not in log
+    assert " ERROR " not in log

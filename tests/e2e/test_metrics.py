@@ -13,6 +13,10 @@ from tests.e2e.conftest import StackFactory, free_port
 from tests.e2e.util import wait_all
 from tests.helpers import calculator_script, scripted_task
 
+# What Prometheus scrapes the API with (RATCHET_METRICS_TOKEN); an operator's key works too.
+TOKEN = "prometheus-scrape-token-0123456789abcdef"
+SCRAPER = {"Authorization": f"Bearer {TOKEN}"}
+
 
 def sample(text: str, name: str, **labels: str) -> float:
     """The value of one sample in Prometheus text format (0 when absent)."""
@@ -31,7 +35,11 @@ def sample(text: str, name: str, **labels: str) -> float:
 
 def test_api_and_worker_metrics(stack: StackFactory, tenant: TenantHandle) -> None:
     port = free_port()
-    fleet = stack(workers=1, concurrency=2, env={"RATCHET_WORKER_METRICS_PORT": str(port)})
+    fleet = stack(
+        workers=1,
+        concurrency=2,
+        env={"RATCHET_WORKER_METRICS_PORT": str(port), "RATCHET_METRICS_TOKEN": TOKEN},
+    )
     with fleet.client(headers=tenant.headers) as http:
         ids = [
             http.post("/v1/tasks", json=scripted_task(calculator_script(3))).json()["id"]
@@ -39,7 +47,8 @@ def test_api_and_worker_metrics(stack: StackFactory, tenant: TenantHandle) -> No
         ]
         tasks = wait_all(http, None, ids, timeout=60)
         assert {t["status"] for t in tasks.values()} == {"succeeded"}
-        api_metrics = http.get("/metrics").text
+        assert http.get("/metrics").status_code == 403  # a tenant's key reads no fleet figures
+        api_metrics = http.get("/metrics", headers=SCRAPER).text
     assert sample(api_metrics, "ratchet_tasks_submitted_total") >= 4
 
     worker_metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
@@ -60,7 +69,11 @@ def test_an_api_of_several_processes_serves_the_sum_of_their_metrics(
     stack: StackFactory, tenant: TenantHandle, tmp_path: Path
 ) -> None:
     directory = tmp_path / "api-metrics"
-    fleet = stack(workers=0, api_workers=2, env={"PROMETHEUS_MULTIPROC_DIR": str(directory)})
+    fleet = stack(
+        workers=0,
+        api_workers=2,
+        env={"PROMETHEUS_MULTIPROC_DIR": str(directory), "RATCHET_METRICS_TOKEN": TOKEN},
+    )
 
     def writers() -> set[str]:  # the processes that have counted a submission
         return {f.stem.rsplit("_", 1)[-1] for f in directory.glob("counter_*.db")}
@@ -78,5 +91,5 @@ def test_an_api_of_several_processes_serves_the_sum_of_their_metrics(
         submitted += 1
     assert len(writers()) == 2, "one process answered every request: nothing to add up"
     for _ in range(6):
-        scraped = httpx.get(f"{fleet.url}/metrics", timeout=10).text
+        scraped = httpx.get(f"{fleet.url}/metrics", headers=SCRAPER, timeout=10).text
         assert sample(scraped, "ratchet_tasks_submitted_total") == submitted

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -200,3 +200,92 @@ def test_an_unexpected_error_is_one_short_record_without_request_data(
     logged = errors[0].getMessage() + str(errors[0].exc_info or "")
     assert "RuntimeError" in logged
     assert "hunter2" not in logged
+
+
+# Every route that takes a body, with text no column can hold: a NUL (PostgreSQL stores none
+# in text or jsonb) or a lone surrogate (not Unicode: it cannot be encoded to be stored). Each
+# once came back as a 500 from every route but POST /v1/tasks. ``{bad}`` is the JSON escape.
+CALL = "00000000-0000-0000-0000-000000000000"
+SCHEDULE = '"name": "nightly", "cron": "0 3 * * *"'
+BODY_ROUTES = {
+    "task input": ("POST", "/v1/tasks", '{"input": "a{bad}"}', "input"),
+    "task metadata key": (
+        "POST",
+        "/v1/tasks",
+        '{"input": "x", "metadata": {"k{bad}": 1}}',
+        "metadata.k",
+    ),
+    "key name": ("POST", "/v1/keys", '{"name": "ci{bad}"}', "name"),
+    "schedule task input": (
+        "POST",
+        "/v1/schedules",
+        "{" + SCHEDULE + ', "task": {"input": "a{bad}"}}',
+        "task.input",
+    ),
+    "schedule task metadata": (
+        "POST",
+        "/v1/schedules",
+        "{" + SCHEDULE + ', "task": {"input": "x", "metadata": {"m": "a{bad}"}}}',
+        "task.metadata.m",
+    ),
+    "approval edit arguments": (
+        "POST",
+        f"/v1/tasks/{CALL}/approvals/call-1",
+        '{"decision": "edit", "arguments": {"expression": "1{bad}"}}',
+        "arguments.expression",
+    ),
+    "pool patterns": (
+        "PUT",
+        "/v1/admin/concurrency/pools/gpu",
+        '{"max_running": 1, "models": ["openai:{bad}"]}',
+        "models[0]",
+    ),
+    "endpoint url": ("POST", "/v1/webhook-endpoints", '{"url": "https://x.test/{bad}"}', "url"),
+    "endpoint change": (
+        "PATCH",
+        f"/v1/webhook-endpoints/{CALL}",
+        '{"url": "https://x.test/{bad}"}',
+        "url",
+    ),
+}
+BAD_TEXT = {"NUL": "\\u0000", "lone surrogate": "\\ud800", "lone low surrogate": "\\udc00"}
+
+
+def _holdings(client: TestClient, tenant: TenantHandle) -> tuple[int, int, int]:
+    """What the tenant has: tasks, keys and schedules."""
+    keys = client.get("/v1/keys", headers=tenant.headers).json()["items"]
+    schedules = client.get("/v1/schedules", headers=tenant.headers).json()["items"]
+    return task_count(tenant.id), len(keys), len(schedules)
+
+
+@pytest.mark.parametrize("text", list(BAD_TEXT))
+@pytest.mark.parametrize("route", list(BODY_ROUTES))
+def test_text_no_column_can_hold_is_a_422_on_every_route_and_changes_nothing(
+    client: TestClient, make_tenant: Callable[..., TenantHandle], route: str, text: str
+) -> None:
+    from shared.store.tenants import OPERATOR, TENANT_SCOPES
+
+    tenant = make_tenant((*TENANT_SCOPES, OPERATOR))
+    before = _holdings(client, tenant)
+    method, path, body, field = BODY_ROUTES[route]
+    raw = body.replace("{bad}", BAD_TEXT[text]).encode()
+    response = client.request(method, path, content=raw, headers=tenant.headers | JSON)
+    problem = assert_problem(response, 422)
+    assert [f.rstrip("\x00\ufffd") for f in error_fields(problem)] == [field], problem
+    assert _holdings(client, tenant) == before
+
+
+def test_a_form_field_with_a_nul_is_a_422(client: TestClient, tenant: TenantHandle) -> None:
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    response = client.post("/dashboard/login", content=b"key=a%00b", headers=form)
+    assert error_fields(assert_problem(response, 422)) == ["key"]
+
+
+def test_an_escaped_backslash_and_a_surrogate_pair_are_plain_text(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    # The text "\u0000" (a backslash, then u0000) and an emoji spelled as its two surrogates.
+    raw = b'{"input": "\\\\u0000 \\ud83d\\ude00", "metadata": {"k": "\\\\ud800"}}'
+    response = client.post("/v1/tasks", content=raw, headers=tenant.headers | JSON)
+    assert response.status_code == 202, response.text
+    assert response.json()["metadata"] == {"k": "\\ud800"}

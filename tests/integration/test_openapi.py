@@ -217,3 +217,16 @@ def test_the_document_describes_the_stream_and_the_submission(client: TestClient
     assert kinds[1]["items"] == {"$ref": "#/components/schemas/InputMessage"}
     for name in ("agent", "input", "model", "model_options", "tools", "max_steps", "metadata"):
         assert body[name].get("description"), name
+
+
+def test_no_request_body_admits_what_every_route_refuses(client: TestClient) -> None:
+    """Every body is refused a NUL in any string or key (api/body_text.py): the document says
+    so, or a fuzzer's schema-valid body is refused (schemathesis's ST202)."""
+    document = client.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    assert schemas["EndpointCreate"]["properties"]["url"]["pattern"] == "^[^\\x00]*$"
+    spec = document["paths"]["/v1/admin/concurrency/{kind}/{name}"]["put"]["requestBody"]
+    body = spec["content"]["application/json"]["schema"]
+    assert body["additionalProperties"] == {"$ref": "#/components/schemas/JsonValue"}
+    assert body["propertyNames"] == {"pattern": "^[^\\x00]*$"}
+    assert schemas["TaskCreate"]["not"] == {"required": ["run_at", "delay_seconds"]}

@@ -1,0 +1,117 @@
+"""An event stream that cannot go on ends cleanly, with a last ``error`` event, instead of
+being cut off mid-response: when the API process is told to stop (which no longer waits for
+streams of tasks that do not finish), and when the database goes away under it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.conftest import TenantHandle
+from tests.e2e.conftest import Stack, StackFactory
+from tests.e2e.test_database_down import SilentableProxy
+from tests.helpers import calculator_script, scripted_task
+
+STREAMS = 3
+EXIT_WITHIN_SECONDS = 15.0  # the default grace is 10 s; the streams themselves end at once
+
+
+class Reader(threading.Thread):
+    """Reads one task's event stream to its end, keeping each event's type and data."""
+
+    def __init__(self, url: str, key: str, task_id: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.key, self.task_id = url, key, task_id
+        self.events: list[tuple[str, str]] = []
+        self.started = threading.Event()
+        self.failure: Exception | None = None
+
+    def run(self) -> None:
+        headers = {"Authorization": f"Bearer {self.key}"}
+        path = f"{self.url}/v1/tasks/{self.task_id}/events"
+        try:
+            with httpx.stream("GET", path, headers=headers, timeout=90) as response:
+                kind = ""
+                for line in response.iter_lines():  # raises if the response is cut off
+                    if line.startswith("event: "):
+                        kind = line.removeprefix("event: ")
+                    elif line.startswith("data: "):
+                        self.events.append((kind, line.removeprefix("data: ")))
+                        self.started.set()
+        except httpx.HTTPError as exc:
+            self.failure = exc
+        finally:
+            self.started.set()
+
+
+def open_streams(fleet: Stack, tenant: TenantHandle, count: int) -> list[Reader]:
+    with fleet.client(headers=tenant.headers) as http:  # no worker: it stays queued
+        task_id = http.post("/v1/tasks", json=scripted_task(calculator_script())).json()["id"]
+    readers = [Reader(fleet.url, tenant.key, task_id) for _ in range(count)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        assert reader.started.wait(30)
+        assert reader.events[:1] == [("task.queued", reader.events[0][1])], reader.failure
+    return readers
+
+
+def last_problem(reader: Reader) -> dict[str, object]:
+    """The stream ended whole, and its last event was an ``error`` with a problem."""
+    reader.join(timeout=90)
+    assert not reader.is_alive()
+    assert reader.failure is None, repr(reader.failure)
+    kind, data = reader.events[-1]
+    assert kind == "error", reader.events
+    problem: dict[str, object] = json.loads(data)
+    assert problem["status"] == 503
+    return problem
+
+
+def test_a_stopping_api_ends_its_streams_and_exits(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    fleet = stack(workers=0)
+    readers = open_streams(fleet, tenant, STREAMS)
+    assert fleet.api_proc is not None
+    stopped_at = time.monotonic()
+    fleet.api_proc.send_signal(signal.SIGTERM)
+    fleet.api_proc.wait(timeout=EXIT_WITHIN_SECONDS)
+    print(f"the API exited {time.monotonic() - stopped_at:.1f} s after SIGTERM")
+    for reader in readers:
+        assert last_problem(reader)["type"] == "urn:ratchet:problem:shutting-down"
+
+
+@pytest.fixture
+def proxy(service_env: dict[str, str]) -> Iterator[SilentableProxy]:
+    url = make_url(service_env["RATCHET_DATABASE_URL"])
+    started = SilentableProxy((url.host or "127.0.0.1", url.port or 5432))
+    yield started
+    started.close()
+
+
+def test_a_stream_ends_with_an_error_event_when_the_database_goes_away(
+    stack: StackFactory, proxy: SilentableProxy, service_env: dict[str, str], tenant: TenantHandle
+) -> None:
+    url = make_url(service_env["RATCHET_DATABASE_URL"]).set(host="127.0.0.1", port=proxy.port)
+    fleet = stack(
+        workers=0,
+        env={
+            "RATCHET_DATABASE_URL": url.render_as_string(hide_password=False),
+            "RATCHET_DB_CONNECT_TIMEOUT_SECONDS": "2",
+            "RATCHET_DB_POOL_TIMEOUT_SECONDS": "2",
+            "RATCHET_DB_STATEMENT_TIMEOUT_SECONDS": "2",
+        },
+    )
+    (reader,) = open_streams(fleet, tenant, 1)
+    proxy.go_silent()
+    problem = last_problem(reader)
+    assert problem["type"] == "urn:ratchet:problem:database-unavailable"
+    assert "Traceback" not in fleet.log_text("api")
