@@ -48,6 +48,7 @@ LOGS = Path("bench-results") / "neighbours-logs"
 BEFORE = "955f32e"  # the commit before the noisy-neighbour fixes
 SIDES = ("before", "after")
 TARGET_SECONDS = 2.0
+HOSTILE_SCOPES = ("tasks:read", "tasks:write", "admin")
 PATTERNS: dict[str, Callable[[], Pattern]] = {
     "baseline": Baseline,
     "hung-calls": HungCalls,
@@ -176,22 +177,12 @@ def run_pattern(
     logs = LOGS / f"{side}-{name}"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    # The hostile tenant may also add webhook endpoints.
+    scopes = [arg for scope in HOSTILE_SCOPES for arg in ("--scope", scope)]
     try:
         keys = {
             "quiet": run_cli(checkout, "tenants", "create", "quiet", env=env),
-            "hostile": run_cli(
-                checkout,
-                "tenants",
-                "create",
-                "hostile",
-                "--scope",
-                "tasks:read",
-                "--scope",
-                "tasks:write",
-                "--scope",
-                "admin",
-                env=env,
-            ),
+            "hostile": run_cli(checkout, "tenants", "create", "hostile", *scopes, env=env),
         }
         with stack(checkout, env, worker_args=options.worker_args(), logs=logs) as running:
             figures = measure(running.url, keys, pattern=PATTERNS[name](), options=options)
