@@ -43,3 +43,12 @@ def test_workers_serve_their_metrics_by_default_where_prometheus_looks() -> None
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())["scrape_configs"]
     [worker_job] = [job for job in scrape if job["job_name"] == "ratchet-worker"]
     assert default_port == worker_job["dns_sd_configs"][0]["port"] != 0
+
+
+def test_prometheus_scrapes_the_api_with_the_token_the_api_is_given() -> None:
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())["scrape_configs"]
+    [api_job] = [job for job in scrape if job["job_name"] == "ratchet-api"]
+    environment = yaml.safe_load(COMPOSE.read_text())["x-ratchet"]["environment"]
+    token = environment["RATCHET_METRICS_TOKEN"]
+    assert api_job["authorization"]["credentials"] == token
+    assert len(token) >= 32  # what the API accepts as a metrics token
