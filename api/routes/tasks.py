@@ -198,7 +198,8 @@ async def _long_poll(
             changed.clear()
             task = await run_in_threadpool(_read_task, tenant_id, task_id)
             left = deadline - time.monotonic()
-            if task.status in TaskStatus.TERMINAL or left <= 0:
+            # A stopping process answers at once with what it has: a long poll may end early.
+            if task.status in TaskStatus.TERMINAL or left <= 0 or hub.closing:
                 return task_view(task, approval_links=approval_links)
             # A wake-up says "look again"; the timeout is only the fallback if one is lost.
             with contextlib.suppress(TimeoutError):

@@ -80,6 +80,19 @@ def test_a_stopping_api_ends_its_streams_and_exits(
 ) -> None:
     fleet = stack(workers=0)
     readers = open_streams(fleet, tenant, STREAMS)
+    polled: list[httpx.Response] = []
+    poll = threading.Thread(
+        target=lambda: polled.append(
+            httpx.get(
+                f"{fleet.url}/v1/tasks/{readers[0].task_id}?wait=60",
+                headers=tenant.headers,
+                timeout=90,
+            )
+        ),
+        daemon=True,
+    )
+    poll.start()
+    time.sleep(1)  # the long poll is waiting (if not yet, it is answered at once all the same)
     assert fleet.api_proc is not None
     stopped_at = time.monotonic()
     fleet.api_proc.send_signal(signal.SIGTERM)
@@ -87,6 +100,9 @@ def test_a_stopping_api_ends_its_streams_and_exits(
     print(f"the API exited {time.monotonic() - stopped_at:.1f} s after SIGTERM")
     for reader in readers:
         assert last_problem(reader)["type"] == "urn:ratchet:problem:shutting-down"
+    poll.join(timeout=30)
+    # The long poll was answered with the task as it stood, not cut off by the grace's end.
+    assert [(r.status_code, r.json()["status"]) for r in polled] == [(200, "queued")]
 
 
 @pytest.fixture
