@@ -85,7 +85,9 @@ def exchange(
             ) as response:
                 body, truncated = read_capped(response)
         except httpx.HTTPError as exc:
-            if cutoff.fired:
+            # Each operation's own timeout is the whole limit too: one that ran out is the
+            # deadline's as well.
+            if cutoff.fired or isinstance(exc, httpx.TimeoutException):
                 raise ToolError(f"{what} did not complete within {seconds:g} s") from exc
             raise ToolError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
         if cutoff.fired:  # a body read up to the close the deadline made may look complete

@@ -31,7 +31,7 @@ def provider_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[OpenAIServer]:
         for name, value in {
             "OPENAI_BASE_URL": server.base_url,
             "OPENAI_API_KEY": "test-key",
-            "MODEL_TIMEOUT_SECONDS": "1",  # each read: the drip sends a byte every 0.1 s
+            "MODEL_TIMEOUT_SECONDS": "10",  # each read: the drip sends a byte every 0.1 s
             "MODEL_CALL_DEADLINE_SECONDS": str(DEADLINE_SECONDS),
             "MODEL_MAX_ATTEMPTS": "2",
             "MODEL_RETRY_BASE_SECONDS": "0",
