@@ -1,8 +1,14 @@
-"""Benchmarks that run Ratchet from outside, as its users and operators see it: each starts
-real ``ratchet`` processes (of this working tree, or of an earlier commit checked out beside
-it) and measures them over HTTP. They live outside the product package: a dev install runs
-them (``python -m benchmarks.<name>``), and neither the wheel nor the image ships them.
+"""Ratchet's benchmarks: each measures Ratchet against a baseline taken in the same run and
+reports the ratio. A checkout's dev install runs them (``ratchet bench NAME``, or ``python -m
+benchmarks.neighbours``); neither the wheel nor the image holds them.
 
-- ``neighbours``: another tenant's one-step task and webhook under hostile tenants' load,
-  before and after a change, in the same run (docs/benchmarks/neighbours.md).
+- one module per benchmark, named for what it measures: ``checkpoint``, ``limiter``,
+  ``delivery``, ``capacity``, ``submissions`` (``ratchet bench api``), ``history``,
+  ``throughput``, ``dashboard``, ``fairness``, ``neighbours``;
+- ``cli``: the ``ratchet bench`` commands;
+- ``harness/``: what they share (reports, throw-away tenants, the processes they start, the
+  write meter);
+- ``servers/``: what they measure against or stand up besides Ratchet;
+- ``checkouts``, ``hostile``, ``flood``, ``quiet``: the noisy-neighbour benchmark's sides and
+  tenants (docs/benchmarks/neighbours.md).
 """

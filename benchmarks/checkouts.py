@@ -31,7 +31,7 @@ import psycopg
 import redis
 from psycopg import sql
 
-from ratchet.bench.processes import Child, free_port, wait_ok, wait_until
+from benchmarks.harness.processes import Child, free_port, wait_ok, wait_until
 
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/{name}"

@@ -2,8 +2,10 @@
 keep its p99 within 2 s while a hostile tenant hangs calls, throws a calculator bomb, floods
 slow tasks, hangs webhook endpoints or floods the API with half-open connections?
 
-    python -m benchmarks.neighbours [--before REV] [--sides before,after]
+    ratchet bench neighbours [--before REV] [--sides before,after]
         [--patterns baseline,hung-calls,...] [--seconds 20] [--rate 2] [--limit 20]
+
+(or ``python -m benchmarks.neighbours`` with the same options, from the checkout's root).
 
 For each pattern and each side (``before``: the commit REV in a temporary worktree;
 ``after``: this working tree), a fresh stack of that side's code (``ratchet api`` and one
@@ -32,6 +34,7 @@ from typing import Any
 from benchmarks import quiet
 from benchmarks.checkouts import Checkout, Scratch, checkouts, run_cli, side_env, stack
 from benchmarks.flood import ConnectionFlood
+from benchmarks.harness.common import emit, host
 from benchmarks.hostile import (
     Baseline,
     CalculatorBomb,
@@ -41,12 +44,12 @@ from benchmarks.hostile import (
     QuietReceiver,
     SlowFlood,
 )
-from ratchet.bench.common import emit, host
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = Path("bench-results") / "neighbours-logs"
 BEFORE = "955f32e"  # the commit before the noisy-neighbour fixes
 SIDES = ("before", "after")
+PROG = "python -m benchmarks.neighbours"  # or `ratchet bench neighbours`
 TARGET_SECONDS = 2.0
 HOSTILE_SCOPES = ("tasks:read", "tasks:write", "admin")
 PATTERNS: dict[str, Callable[[], Pattern]] = {
@@ -106,10 +109,8 @@ def _checked(parse: Callable[[str], list[str]]) -> Callable[[str], tuple[str, ..
     return parse_argument
 
 
-def parse_args(argv: list[str] | None = None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.neighbours", description=__doc__.split("\n\n")[0]
-    )
+def parse_args(argv: list[str] | None = None, *, prog: str = PROG) -> Options:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--before", default=BEFORE, help=f"the commit of the before side (default {BEFORE})")
     add("--sides", type=_checked(parse_sides), default=SIDES, help="before,after (default both)")
@@ -277,8 +278,8 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    options = parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> None:
+    options = parse_args(argv, prog=prog)
     result = run(options)
     emit("neighbours", result)
     print(table(result), file=sys.stderr)

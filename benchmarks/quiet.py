@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.harness.common import percentile
 from benchmarks.hostile import QuietReceiver
-from ratchet.bench.common import percentile
 
 QUIET_SOURCE = "127.0.0.2"
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})

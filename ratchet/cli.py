@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from ratchet import cli_admin, cli_client, cli_schedules, cli_webhooks
 from ratchet.console import err
@@ -79,13 +80,42 @@ app.add_typer(cli_webhooks.webhooks, name="webhooks")
 app.add_typer(cli_schedules.schedules, name="schedules")
 
 
-def _bench() -> typer.Typer:
-    from ratchet.bench import app as bench_app
+def load_benchmarks() -> typer.Typer:
+    """The ``ratchet bench`` commands: the ``benchmarks`` package of the checkout this
+    package runs from (a dev install). The wheel and the image hold no benchmarks: there,
+    one line says where they come from, and the command exits with status 1."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "benchmarks" / "cli.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))  # an editable install maps only the product's packages
+    try:
+        from benchmarks.cli import app as benchmarks_app
+    except ModuleNotFoundError as exc:
+        err(
+            "error: the benchmarks come with a checkout's dev install (pip install -e '.[dev]'),"
+            f" not with this one (no module named {exc.name!r})"
+        )
+        raise typer.Exit(1) from exc
+    return benchmarks_app
 
-    return bench_app
+
+class BenchmarksGroup(TyperGroup):
+    """``ratchet bench``, loaded only when it runs, so the other commands never import it:
+    its context is the loaded group's, which parses the rest and runs the benchmark."""
+
+    # Typer's own click contexts (``parent`` and the result), which it does not export.
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:
+        group = typer.main.get_command(load_benchmarks())
+        return group.make_context(info_name, args, parent=parent, **extra)
 
 
-app.add_typer(_bench(), name="bench")
+app.add_typer(
+    typer.Typer(
+        cls=BenchmarksGroup, help="Benchmarks (figures are ratios to a same-run baseline)."
+    ),
+    name="bench",
+)
 
 
 def _show_version(value: bool) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Connection,
     Engine,
     text,
 )
@@ -93,12 +92,6 @@ def transaction() -> Iterator[Session]:
     """A session inside one transaction: commits on success, rolls back on error."""
     with get_sessionmaker()() as session, session.begin():
         yield session
-
-
-# Called as (connection, sql, parameters) before the PostgreSQL backend sends a statement itself, as
-# SQLAlchemy's before_cursor_execute is for the statements it sends (the checkpoint benchmark
-# counts writes with both).
-statement_observers: list[Callable[[Connection, str, dict[str, Any]], None]] = []
 
 
 def alembic_config(url: str | None = None) -> Any:

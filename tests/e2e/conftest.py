@@ -38,7 +38,7 @@ import httpx
 import pytest
 import redis
 
-from ratchet.bench.processes import free_port
+from benchmarks.harness.processes import free_port
 
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 10.0

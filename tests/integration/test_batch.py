@@ -169,15 +169,12 @@ def test_only_the_lease_commits_without_waiting_for_its_wal_flush(
 ) -> None:
     """Checkpoints must survive a database crash once committed; a lease need not (lost, it
     was never taken), unless it logs task.started, which readers are woken to at once."""
-    from shared.store import db
+    from benchmarks.harness.meter import watching_direct_sends
 
     sent: list[tuple[str, dict[str, Any]]] = []
-    db.statement_observers.append(lambda _c, sql, values: sent.append((sql, values)))
-    try:
+    with watching_direct_sends(lambda _c, sql, values: sent.append((sql, values))):
         task_id = submit(client, tenant, scripted_task(calculator_script(3)))
         assert drive(task_id) == "succeeded"
-    finally:
-        db.statement_observers.pop()
     writes = [(sql, values) for sql, values in sent if sql.startswith("WITH w AS")]
     leases = [w for w in writes if "lease_epoch=(tasks.lease_epoch +" in w[0]]
     lazy = [w for w in writes if "synchronous_commit" in w[1].values()]

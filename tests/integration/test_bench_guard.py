@@ -13,7 +13,7 @@ from tests.conftest import TenantHandle
 def test_a_worker_benchmark_stops_on_a_database_with_queued_tasks(
     client: TestClient, tenant: TenantHandle, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ratchet.bench.common import require_no_backlog
+    from benchmarks.harness.common import require_no_backlog
 
     submitted = client.post("/v1/tasks", json={"input": "left behind"}, headers=tenant.headers)
     assert submitted.status_code == 202

@@ -24,24 +24,16 @@ FAIL_MARK = "fail-the-queued-event"
 def statements(client: TestClient) -> Iterator[list[tuple[str, bool]]]:
     """Every statement the API sends from here on, each with whether its connection was in
     autocommit: those SQLAlchemy sends and those sent straight through psycopg."""
-    from shared.store.db import get_engine, statement_observers
+    from benchmarks.harness.meter import watching_statements
+    from shared.store.db import get_engine
 
     seen: list[tuple[str, bool]] = []
 
     def observe(connection: Any, sql: str, _values: Any) -> None:
         seen.append((sql, bool(connection.connection.driver_connection.autocommit)))
 
-    def before(connection: Any, _cursor: Any, sql: str, *_: Any) -> None:
-        observe(connection, sql, None)
-
-    engine = get_engine()
-    event.listen(engine, "before_cursor_execute", before)
-    statement_observers.append(observe)
-    try:
+    with watching_statements(get_engine(), observe):
         yield seen
-    finally:
-        statement_observers.remove(observe)
-        event.remove(engine, "before_cursor_execute", before)
 
 
 def test_a_plain_submission_is_one_statement_in_autocommit(

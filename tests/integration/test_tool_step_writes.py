@@ -28,18 +28,15 @@ pytestmark = pytest.mark.backends("postgresql")
 @pytest.fixture
 def writes() -> Iterator[list[str]]:
     """The SQL of every step write sent straight through psycopg from here on."""
-    from shared.store.db import statement_observers
+    from benchmarks.harness.meter import watching_direct_sends
 
     seen: list[str] = []
 
     def observe(_connection: Any, sql: str, _values: Any) -> None:
         seen.append(sql)
 
-    statement_observers.append(observe)
-    try:
+    with watching_direct_sends(observe):
         yield seen
-    finally:
-        statement_observers.remove(observe)
 
 
 def _starts(writes: list[str]) -> list[str]:
@@ -114,17 +111,12 @@ def test_the_benchmarks_write_meter_counts_a_tool_steps_commits(
     """``ratchet bench history`` reports a tool step's commits with this meter (each write
     of a step commits on its own, in autocommit): the lease, the answer with its idempotent
     call's start, and the call's outcome with the step's completion."""
-    from ratchet.bench.checkpoint import WriteMeter
-    from shared.store.db import get_engine, statement_observers
+    from benchmarks.harness.meter import WriteMeter
+    from shared.store.db import get_engine
 
     body = scripted_task([tool_turn("upsert_record", key="a"), {"content": "ok"}], agent="ops")
     task_id = submit(client, tenant, body)
-    meter, observers = WriteMeter(), list(statement_observers)
-    meter.install(get_engine())
-    try:
-        with meter.labelled("step"):
-            runner.advance(task_id, 1)
-    finally:
-        statement_observers[:] = observers
+    with WriteMeter().watching(get_engine()) as meter, meter.labelled("step"):
+        runner.advance(task_id, 1)
     assert meter.commits["step"] == 3
     assert meter.bytes["step"] > 0

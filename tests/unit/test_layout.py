@@ -39,6 +39,34 @@ def test_import_direction(package: str) -> None:
     assert offenders == []
 
 
+# The benchmarks belong to a checkout's dev install, outside the wheel and the image: no
+# product module imports them but ``ratchet bench``'s loader, when that command runs.
+BENCHMARKS_LOADER = ("ratchet/cli.py", "load_benchmarks")
+
+
+def imports_by_function(tree: ast.AST, function: str = "") -> list[tuple[str, str]]:
+    """(the function an import is in, or "" at module level; the module it imports)."""
+    found = []
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.Import):
+            found += [(function, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((function, node.module))
+        inner = node.name if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else function
+        found += imports_by_function(node, inner)
+    return found
+
+
+def test_only_the_bench_command_loads_the_benchmarks_and_only_when_it_runs() -> None:
+    loaders = {
+        (str(path.relative_to(ROOT)), function)
+        for path in product_modules()
+        for function, module in imports_by_function(ast.parse(path.read_text()))
+        if module.split(".")[0] == "benchmarks"
+    }
+    assert loaders == {BENCHMARKS_LOADER}
+
+
 PRODUCT = ("api", "workers", "shared", "ratchet")
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 60

@@ -42,7 +42,7 @@ from sqlalchemy.sql import bindparam
 from shared.store import outbox
 from shared.store.backends import postgresql_engine
 from shared.store.batch import DELIVERIES, EVENTS, Add, Batch, Change, Increment, Part
-from shared.store.db import get_engine, get_sessionmaker, now_ms, statement_observers
+from shared.store.db import get_engine, get_sessionmaker, now_ms
 
 
 class PostgreSQL:
@@ -163,8 +163,6 @@ def fetch_compiled(session: Session, statement: Any, params: dict[str, Any]) -> 
     values = {**compiled.defaults, **params}
     for name in compiled.json:
         values[name] = Jsonb(values[name])
-    for observe in statement_observers:
-        observe(connection, compiled.sql, values)
     driver = connection.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
     try:

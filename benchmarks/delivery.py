@@ -19,8 +19,8 @@ from typing import Any
 
 import typer
 
-from ratchet.bench.common import bench_key, drop_tenant, emit, summary
-from ratchet.bench.processes import Child, free_port, wait_ok
+from benchmarks.harness.common import bench_key, drop_tenant, emit, summary
+from benchmarks.harness.processes import Child, free_port, wait_ok
 
 BATCH = 50  # tasks at once in the concurrent rounds
 WORKER_CONNECT_SECONDS = 3.0

@@ -7,18 +7,18 @@ written per step by step number.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ratchet.bench.common import bench_tenant, drop_tenant, emit, new_task, summary
+from benchmarks.harness.common import bench_tenant, drop_tenant, emit, new_task, summary
+from benchmarks.harness.meter import WriteMeter
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -33,64 +33,6 @@ COUNTED_CHAINS = 2  # chains whose writes are counted, step by step
 def _chain_script(steps: int) -> list[dict[str, Any]]:
     """A tool call at every step but the last, which answers."""
     return [*[_CALL] * (steps - 1), {"content": "done"}]
-
-
-def _unwrapped(value: Any) -> Any:
-    return getattr(value, "obj", None) if hasattr(value, "obj") else str(value)
-
-
-@dataclass
-class WriteMeter:
-    """Counts write transactions and the bytes of written parameters, per label."""
-
-    label: str = ""
-    commits: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    _dirty: set[int] = field(default_factory=set)
-
-    def install(self, engine: Any) -> None:
-        """Count through ``engine``'s events, and through the store's statement observers the
-        statements the step path sends straight through psycopg, past those events."""
-        from sqlalchemy import event
-
-        from shared.store import db
-
-        def observe(conn: Any, statement: str, params: Any) -> None:
-            words = statement.lstrip().upper()
-            if not words.startswith(("INSERT", "UPDATE", "DELETE")) and not (
-                words.startswith("WITH") and any(v in words for v in ("INSERT", "UPDATE"))
-            ):
-                return
-            # psycopg's Jsonb wrapper prints abbreviated: measure what it wraps
-            self.bytes[self.label] += len(json.dumps(params, default=_unwrapped))
-            if _autocommit(conn):
-                self.commits[self.label] += 1  # a write statement in autocommit commits alone
-            else:
-                self._dirty.add(id(conn))
-
-        @event.listens_for(engine, "before_cursor_execute")
-        def _execute(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
-            observe(conn, statement, params)
-
-        db.statement_observers.append(observe)  # the statements the step path sends itself
-
-        @event.listens_for(engine, "commit")
-        def _commit(conn: Any) -> None:
-            if id(conn) in self._dirty:
-                self._dirty.discard(id(conn))
-                self.commits[self.label] += 1
-
-        @event.listens_for(engine, "rollback")
-        def _rollback(conn: Any) -> None:
-            self._dirty.discard(id(conn))
-
-    @contextmanager
-    def labelled(self, label: str) -> Iterator[None]:
-        self.label = label
-        try:
-            yield
-        finally:
-            self.label = ""
 
 
 class Baseline:
@@ -233,12 +175,11 @@ class Writes:
 def _count_writes(engine: Engine, tenant_id: str, *, steps: int) -> Writes:
     """Hook every statement (which would slow the steps the timed passes measure) and count
     the writes of one-step tasks, then of chains step by step."""
-    meter = WriteMeter()
-    meter.install(engine)
-    _run_tasks(tenant_id, count=COUNTED_TASKS, steps=1, meter=meter)
-    commits = meter.commits.pop("step1", 0) / COUNTED_TASKS
-    written = meter.bytes.pop("step1", 0) / COUNTED_TASKS
-    _run_tasks(tenant_id, count=COUNTED_CHAINS, steps=steps, meter=meter)
+    with WriteMeter().watching(engine) as meter:
+        _run_tasks(tenant_id, count=COUNTED_TASKS, steps=1, meter=meter)
+        commits = meter.commits.pop("step1", 0) / COUNTED_TASKS
+        written = meter.bytes.pop("step1", 0) / COUNTED_TASKS
+        _run_tasks(tenant_id, count=COUNTED_CHAINS, steps=steps, meter=meter)
     return Writes(commits, written, meter)
 
 
@@ -310,11 +251,3 @@ def checkpoint(
         driver.close()
         drop_tenant(tenant_id)
     emit("checkpoint", _report(timings, writes, steps=steps))
-
-
-def _autocommit(conn: Any) -> bool:
-    """Whether a statement on ``conn`` commits on its own: in SQLAlchemy's autocommit, or on a
-    driver connection switched to it (a write session's)."""
-    if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
-        return True
-    return getattr(conn.connection.driver_connection, "autocommit", False) is True

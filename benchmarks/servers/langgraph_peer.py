@@ -6,7 +6,7 @@ run by a pool of ``--threads`` threads; every superstep's checkpoint is written 
 next one starts (``durability="sync"``: what a crash may lose is what Ratchet's checkpoint
 after every step keeps). Its tables live in a schema of their own (``bench_langgraph``).
 
-Run as ``python -m ratchet.bench.servers.langgraph_peer``; prints one JSON line: tasks/s,
+Run as ``python -m benchmarks.servers.langgraph_peer``; prints one JSON line: tasks/s,
 and the CPU of this process and of the machine per step over the timed span.
 """
 
@@ -83,7 +83,7 @@ def run_all(graph: Any, count: int, threads: int) -> None:
 
 
 def main() -> None:
-    from ratchet.bench.processes import machine_busy_seconds
+    from benchmarks.harness.processes import machine_busy_seconds
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)

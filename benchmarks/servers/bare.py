@@ -5,7 +5,7 @@ answers 202: what accepting a submission costs with nothing between the request 
 INSERT (no key lookup, no validation beyond JSON, no events, no queue). The benchmark creates
 and drops the table and serves this with uvicorn in a process of its own::
 
-    python -m uvicorn ratchet.bench.servers.bare:create_app --factory --port 9200
+    python -m uvicorn benchmarks.servers.bare:create_app --factory --port 9200
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ratchet.bench.common import libpq_url
+from benchmarks.harness.common import libpq_url
 
 # psycopg and FastAPI load when the app is made: in the server, not in whatever imports this.
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ calls Ratchet keeps in flight, not how fast a real model is. Each request sleeps
 loop, so hundreds of concurrent calls cost it almost no CPU (a raw ASGI app under uvicorn,
 with no framework in the way)::
 
-    python -m ratchet.bench.servers.llm_stub --port 9100 --latency-ms 2000 --tool-steps 2
+    python -m benchmarks.servers.llm_stub --port 9100 --latency-ms 2000 --tool-steps 2
 
 ``POST /v1/chat/completions`` asks for one ``calculator`` tool call while the conversation
 holds fewer than ``--tool-steps`` tool results, then answers "done". ``GET /stats`` reports

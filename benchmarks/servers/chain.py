@@ -5,7 +5,7 @@ app is configured by ``shared.queue.configure``, as Ratchet's is (late acks, one
 prefetched, JSON, no results), and does nothing else, so the comparison shows what Ratchet's
 steps add to the messages alone.
 
-Its worker runs as ``python -m celery -A ratchet.bench.servers.chain worker -Q QUEUE`` with
+Its worker runs as ``python -m celery -A benchmarks.servers.chain worker -Q QUEUE`` with
 ``RATCHET_QUEUE_NAME=QUEUE``: the queue name says where later hops go and where ends are noted.
 """
 
@@ -20,7 +20,7 @@ from celery import Celery
 from shared.queue import configure
 from shared.settings import get_settings
 
-HOP_TASK = "ratchet.bench.hop"
+HOP_TASK = "benchmarks.hop"
 DONE_KEY_PREFIX = "ratchet:bench:chain:"
 
 

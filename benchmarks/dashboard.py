@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import typer
 
-from ratchet.bench.common import emit, host, libpq_url, percentile
-from ratchet.bench.processes import Child, free_port, wait_ok
+from benchmarks.harness.common import emit, host, libpq_url, percentile
+from benchmarks.harness.processes import Child, free_port, wait_ok
 
 PREFIX = "bench-dash-"  # the seeded tenants; "bench-" marks any benchmark's
 TENANTS = 20

@@ -1,7 +1,7 @@
 """``ratchet bench api``: submissions per second, latency and server CPU per submission.
 
 ``POST /v1/tasks`` to one ``ratchet api`` process (no worker: its messages stay queued),
-against a bare FastAPI app that inserts one row per request (:mod:`ratchet.bench.servers.bare`),
+against a bare FastAPI app that inserts one row per request (:mod:`benchmarks.servers.bare`),
 measured the same way. Each server runs as a subprocess of its own, so the CPU read from
 ``/proc`` is the server's alone.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import typer
 
-from ratchet.bench.common import (
+from benchmarks.harness.common import (
     TASK_BODY,
     bench_key,
     drop_queue,
@@ -32,7 +32,7 @@ from ratchet.bench.common import (
     libpq_url,
     summary,
 )
-from ratchet.bench.processes import Child, cpu_seconds, free_port, process_tree, wait_ok
+from benchmarks.harness.processes import Child, cpu_seconds, free_port, process_tree, wait_ok
 
 WARM_UP_SECONDS = 2.0
 
@@ -186,7 +186,7 @@ def api(
     bare = Target(
         lambda port: Child(
             "uvicorn",
-            "ratchet.bench.servers.bare:create_app",
+            "benchmarks.servers.bare:create_app",
             "--factory",
             "--port",
             str(port),

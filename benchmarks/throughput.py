@@ -26,7 +26,7 @@ span runs from the first submission: the whole way, the API sharing the cores (t
 chain's is as before, execution alone). With ``--langgraph``, each round also runs the
 same tasks as a LangGraph graph checkpointed by ``PostgresSaver`` on the same database
 (a superstep's checkpoint written before the next), on a pool of as many threads as the
-worker has processes (``ratchet.bench.servers.langgraph_peer``).
+worker has processes (``benchmarks.servers.langgraph_peer``).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import typer
 
-from ratchet.bench.common import bench_key, drop_tenant, emit, libpq_url
-from ratchet.bench.processes import (
+from benchmarks.harness.common import bench_key, drop_tenant, emit, libpq_url
+from benchmarks.harness.processes import (
     Child,
     Worker,
     background_cores,
@@ -55,7 +55,7 @@ from ratchet.bench.processes import (
 )
 
 if TYPE_CHECKING:
-    from ratchet.bench.servers.chain_worker import Chain
+    from benchmarks.servers.chain_worker import Chain
 
 SHAPES = (1, 3)  # steps per task (hops per chain)
 WARM_UP = 20  # tasks per system and shape first, unmeasured: imports, pools, caches
@@ -296,7 +296,7 @@ def compare(
 ) -> dict[str, Any]:
     """Every shape on both systems after a warm-up, taking turns, ``rounds`` times (and on
     the LangGraph peer, which warms up in its own process, if asked)."""
-    from ratchet.bench.servers import langgraph_peer
+    from benchmarks.servers import langgraph_peer
 
     systems = (("ratchet", ratchet), ("chain", chain))
     for _, system in systems:
@@ -340,7 +340,7 @@ def verdict(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[st
 
 def _forget(run: str) -> None:
     """Delete the Redis keys this run made: its queues, their bindings, the chain's ends."""
-    from ratchet.bench.servers.chain import _redis, done_key
+    from benchmarks.servers.chain import _redis, done_key
 
     client = _redis()
     for queue in (f"bench-{run}", f"bench-{run}.webhooks", f"bench-chain-{run}"):
@@ -374,7 +374,7 @@ def throughput(
     try:
         with ExitStack() as stack:
             ratchet = start_ratchet(stack, run, key=key, processes=processes, live=live)
-            from ratchet.bench.servers.chain_worker import start_chain
+            from benchmarks.servers.chain_worker import start_chain
 
             chain = start_chain(stack, run, processes=processes)
             report = compare(
@@ -390,7 +390,7 @@ def throughput(
         drop_tenant(tenant_id)
         _forget(run)
         if langgraph:
-            from ratchet.bench.servers import langgraph_peer
+            from benchmarks.servers import langgraph_peer
 
             langgraph_peer.drop(libpq_url())
     target = f">= {TARGET_RATIO}x the raw Celery chain"

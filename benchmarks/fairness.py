@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import typer
 
-from ratchet.bench.common import bench_key, drop_queue, drop_tenant, emit, percentile
-from ratchet.bench.processes import Child, free_port, wait_ok
+from benchmarks.harness.common import bench_key, drop_queue, drop_tenant, emit, percentile
+from benchmarks.harness.processes import Child, free_port, wait_ok
 
 
 def _commit_backlog(tenant_id: str, count: int) -> None:

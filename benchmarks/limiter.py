@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from ratchet.bench.common import emit, summary
+from benchmarks.harness.common import emit, summary
 
 KINDS = ("incr", "limiter", "limiter3")
 SLICE_SECONDS = 0.25  # the kinds take turns in slices this long, so drift hits them alike

@@ -1,5 +1,5 @@
 """The chain's side of ``ratchet bench throughput``: its worker, started and paused as
-Ratchet's is, and the chains loaded into it (``ratchet.bench.servers.chain`` is the app the
+Ratchet's is, and the chains loaded into it (``benchmarks.servers.chain`` is the app the
 worker runs)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ratchet.bench.processes import Child, Worker
-from ratchet.bench.servers.chain import _redis, done_key, send_hop
-from ratchet.bench.servers.chain import app as chain_app
+from benchmarks.harness.processes import Child, Worker
+from benchmarks.servers.chain import _redis, done_key, send_hop
+from benchmarks.servers.chain import app as chain_app
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Chain:
 def start_chain(stack: ExitStack, run: str, *, processes: int) -> Chain:
     """The chain's worker, with the options Ratchet's worker runs with, paused."""
     queue, hostname = f"bench-chain-{run}", f"chain-{run}@bench"
-    argv = ["celery", "-A", "ratchet.bench.servers.chain", "worker"]
+    argv = ["celery", "-A", "benchmarks.servers.chain", "worker"]
     argv += ["--pool", "prefork", "--concurrency", str(processes), "--prefetch-multiplier", "1"]
     argv += ["-Q", queue, "--hostname", hostname, "--loglevel", "WARNING"]
     argv += ["--without-gossip", "--without-mingle"]

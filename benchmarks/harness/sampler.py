@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ratchet.bench.common import libpq_url
-from ratchet.bench.processes import pg_sockets, process_tree, rss_mb
+from benchmarks.harness.common import libpq_url
+from benchmarks.harness.processes import pg_sockets, process_tree, rss_mb
 
 if TYPE_CHECKING:
     import psycopg

@@ -1,7 +1,7 @@
 """``ratchet bench capacity``: model calls in flight on one worker host against a slow model.
 
 One ``ratchet api`` and one ``ratchet worker`` (its defaults, nothing tuned) against a model
-that answers after a fixed latency (:mod:`ratchet.bench.servers.llm_stub`). Hundreds of tasks are
+that answers after a fixed latency (:mod:`benchmarks.servers.llm_stub`). Hundreds of tasks are
 submitted at once; what counts is how many model calls the one worker host keeps in flight,
 measured by the provider, beside the Postgres connections and memory that cost.
 """
@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import typer
 
-from ratchet.bench.common import (
+from benchmarks.harness.common import (
     TASK_BODY,
     bench_key,
     drop_queue,
@@ -33,14 +33,14 @@ from ratchet.bench.common import (
     host,
     summary,
 )
-from ratchet.bench.processes import (
+from benchmarks.harness.processes import (
     Child,
     free_port,
     machine_busy_seconds,
     tree_cpu_seconds,
     wait_ok,
 )
-from ratchet.bench.sampler import Sampler, pg_port
+from benchmarks.harness.sampler import Sampler, pg_port
 
 # The limiter stays on (every call passes its buckets) but can never say "wait", whatever
 # limits the environment configures for OpenAI models or for every tenant.
@@ -318,7 +318,7 @@ def _start_stack(
     env = {**env, "RATCHET_OPENAI_BASE_URL": f"http://127.0.0.1:{stub_port}/v1"}
     stub = stack.enter_context(
         Child(
-            "ratchet.bench.servers.llm_stub",
+            "benchmarks.servers.llm_stub",
             *("--port", str(stub_port), "--latency-ms", str(scenario.latency_ms)),
             *("--tool-steps", str(scenario.tool_steps)),
             env=env,

@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 
-from ratchet.bench.common import (
+from benchmarks.harness.common import (
     bench_tenant,
     drop_queue,
     drop_tenant,
@@ -102,14 +102,15 @@ def _written_in_place(task_id: str) -> dict[str, float]:
     The WAL is the server's (``pg_current_wal_insert_lsn``), so run it on a quiet database."""
     import psycopg
 
-    from ratchet.bench.checkpoint import WriteMeter
+    from benchmarks.harness.meter import WriteMeter
     from shared.store.db import get_engine
 
-    meter = WriteMeter()
     wal: list[int] = []
-    meter.install(get_engine())
     query = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"
-    with psycopg.connect(libpq_url(), autocommit=True) as probe:
+    with (
+        WriteMeter().watching(get_engine()) as meter,
+        psycopg.connect(libpq_url(), autocommit=True) as probe,
+    ):
 
         def metered(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             (before,) = probe.execute(query).fetchone() or (0,)
