@@ -127,9 +127,8 @@ def test_a_lone_tenant_has_the_whole_fleet_until_a_neighbour_comes(
     with settings(dispatch_capacity=4, dispatch_window=4):
         assert admit() == 4  # no neighbour: no room is kept for one
         make_tenant()
-        with leading(dispatch_capacity=4) as dispatcher:
-            with transaction() as session:
-                assert dispatcher.neighbours(session)
+        with leading(dispatch_capacity=4) as dispatcher, transaction() as session:
+            assert dispatcher.neighbours(session)
 
 
 @pytest.mark.backends("postgresql", "sqlite")
