@@ -13,7 +13,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.security import HTTPBearer
 from fastapi_offline import FastAPIOffline
 
-from api import dashboard, problems
+from api import dashboard, favicon, problems
 from api.body_limit import BodyLimitMiddleware
 from api.body_text import BodyTextMiddleware
 from api.deps import connection_turns
@@ -126,6 +126,7 @@ TAGS = [
     {"name": "webhook-endpoints", "description": "A tenant admin's default webhook endpoints."},
     {"name": "agents", "description": "The registered agents and their tools."},
     {"name": "keys", "description": "A tenant admin's API keys."},
+    {"name": "schedules", "description": "Tasks submitted on a cron expression, a tenant's own."},
     {
         "name": "admin",
         "description": "Overviews, the fleet, task search and rate limits (operator or tenant).",
@@ -144,6 +145,9 @@ def create_app() -> FastAPI:
     # The docs pages (Swagger UI at /docs, ReDoc at /redoc) with their assets served from the
     # package, not a CDN: they work offline and behind a firewall.
     app = FastAPIOffline(
+        favicon_url="/favicon.ico",
+        # Swagger UI would fetch a validity badge from validator.swagger.io: nothing leaves.
+        swagger_ui_parameters={"validatorUrl": None},
         title="Ratchet",
         version="1",
         summary="Durable LLM agent tasks: submit, run step by step, get the result.",
@@ -172,8 +176,12 @@ def create_app() -> FastAPI:
         overview,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
+    app.include_router(
+        admin.schedule_router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)]
+    )
     app.include_router(health.router, responses=ANY_REQUEST)
     app.include_router(approval_links.router)  # pages without a key: the link is the credential
     app.add_api_route("/", _root, include_in_schema=False)
+    favicon.install(app)
     dashboard.install(app)
     return app

@@ -63,16 +63,36 @@ RETRY_AFTER = {
 
 
 def responses(reasons: dict[int, str]) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` for the error statuses a route may answer: each a problem."""
+    """OpenAPI ``responses`` for the error statuses a route may answer: each a problem, with
+    an example of its own status (the docs pages show it under that status)."""
     out: dict[int | str, dict[str, Any]] = {}
     for status, reason in reasons.items():
+        schema = {"$ref": "#/components/schemas/Problem"}
         out[status] = {
             "description": f"{title(status)}: {reason}",
-            "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+            "content": {MEDIA_TYPE: {"schema": schema, "example": example(status, reason)}},
         }
         if status in (429, 503):
             out[status]["headers"] = RETRY_AFTER
     return out
+
+
+def example(status: int, reason: str) -> dict[str, Any]:
+    """A problem as the API would answer ``status`` for ``reason``."""
+    body: dict[str, Any] = {
+        "type": f"urn:ratchet:problem:{EXAMPLE_SLUGS.get(status) or _slug(status)}",
+        "title": title(status),
+        "status": status,
+        "detail": " ".join(reason.replace("``", "").split()),
+    }
+    if status == 422:
+        body["errors"] = [FIELD_ERROR_EXAMPLE]
+    return body
+
+
+# The type a route's problem of that status most often has (``problem(...)``'s ``slug``).
+EXAMPLE_SLUGS = {422: "validation-error", 503: "database-unavailable"}
+FIELD_ERROR_EXAMPLE = {"field": "tools[0]", "pointer": "#/tools/0", "detail": "unknown tool 'nope'"}
 
 
 def title(status: int) -> str:
@@ -95,18 +115,10 @@ class FieldError(BaseModel):
 class Problem(BaseModel):
     """An RFC 9457 problem: the body of every error the API returns."""
 
+    # No example here: each response carries one of its own status (``responses``), which
+    # the docs pages would otherwise show as this schema's one example under every status.
     model_config = ConfigDict(
         extra="allow",  # a problem may carry more members (``/readyz`` adds ``checks``)
-        json_schema_extra={
-            "examples": [
-                {
-                    "type": "urn:ratchet:problem:not-found",
-                    "title": "Not Found",
-                    "status": 404,
-                    "detail": "no task 0192e4c1-7d2a-7b3c-8f00-5a1b2c3d4e5f",
-                }
-            ]
-        },
     )
 
     type: str = Field(description="a URN naming the kind of problem")

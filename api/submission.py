@@ -172,9 +172,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         agent = get_agent(body.agent)
     except NotFound as exc:
         raise InvalidRequest("agent", str(exc)) from exc
-    model = body.model or agent.model or settings.default_model
-    provider, _ = parse_model(model)
-    _check_model(provider, body, settings)
+    model = _choose_model(body, agent.model, settings=settings)
     tools = list(agent.tools) if body.tools is None else _check_tools(body.tools, agent.tools)
     max_steps = body.max_steps or agent.max_steps or settings.default_max_steps
     if max_steps > settings.max_steps_limit:
@@ -212,6 +210,26 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         priority=body.priority,
         run_at_ms=_run_at_ms(body),
     )
+
+
+def _choose_model(body: TaskCreate, agent_model: str | None, *, settings: Settings) -> str:
+    """The task's model (its own, else its agent's, else ``RATCHET_DEFAULT_MODEL``), one some
+    worker can call. A task that named none is told the default is unavailable, and how to
+    choose: it did not choose the model it is refused."""
+    model = body.model or agent_model or settings.default_model
+    provider, _ = parse_model(model)
+    try:
+        _check_model(provider, body, settings)
+    except InvalidRequest as exc:
+        if body.model or agent_model or exc.field != "model":
+            raise
+        raise InvalidRequest(
+            "model",
+            f"the task names no model, and the default ({model}, RATCHET_DEFAULT_MODEL) is "
+            f"unavailable: {exc.reason}. Set `model` in the request, or RATCHET_DEFAULT_MODEL "
+            "on the server",
+        ) from exc
+    return model
 
 
 def _run_at_ms(body: TaskCreate) -> int | None:

@@ -125,7 +125,9 @@ def _show_version(value: bool) -> None:
 
 
 # These talk to a server over HTTP and read no settings.
-CLIENT_COMMANDS = ("submit", "tail", "approve", "tasks")
+CLIENT_COMMANDS = ("submit", "tail", "approve", "tasks", "schedules")
+# These run tasks' code (agents and tools), so they load the agent modules before they start.
+SERVING_COMMANDS = ("dev", "api", "worker")
 
 
 @app.callback()
@@ -141,9 +143,11 @@ def main_options(
     # one line, rather than failing each request or step later.
     if ctx.invoked_subcommand in CLIENT_COMMANDS or "--help" in sys.argv[1:]:
         return
-    from ratchet.startup import require_valid_settings
+    from ratchet.startup import require_agent_modules, require_valid_settings
 
     require_valid_settings()
+    if ctx.invoked_subcommand in SERVING_COMMANDS:
+        require_agent_modules()  # before anything says it is running
 
 
 @app.command()
@@ -164,11 +168,13 @@ def dev(
 def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     """Serve the HTTP API with uvicorn (production: Postgres + Redis)."""
     from api import server
+    from ratchet.startup import warn_if_no_default_model
     from shared.observability import logs
     from shared.store.db import require_migrated
 
     os.environ.setdefault("PGAPPNAME", "ratchet-api")  # its connections, in pg_stat_activity
     require_migrated()
+    warn_if_no_default_model()
     if workers > 1:
         _share_api_metrics()
     logs.configure_from_settings()
@@ -276,12 +282,17 @@ def flower(port: int = 5555, address: str = "127.0.0.1") -> None:
 
 @app.command()
 def migrate() -> None:
-    """Apply database migrations (safe to run again)."""
+    """Create the database if its server has none of that name, then apply the migrations
+    (safe to run again)."""
     from shared.settings import get_settings
+    from shared.store.db import create_missing_database
     from shared.store.db import migrate as run_migrations
 
+    url = get_settings().effective_database_url
+    if create_missing_database(url):
+        err(f"created database {url.split('@')[-1]}")
     run_migrations()
-    err(f"migrated {get_settings().effective_database_url.split('@')[-1]}")
+    err(f"migrated {url.split('@')[-1]}")
 
 
 app.command()(cli_client.tail)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,10 +14,24 @@ import typer
 from ratchet.console import err, fail
 
 if TYPE_CHECKING:
-    from shared.store.tables import ApiKey
+    from sqlalchemy.orm import Session
+
+    from shared.store.tables import ApiKey, Tenant
 
 tenants = typer.Typer(no_args_is_help=True, help="Manage tenants.")
 keys = typer.Typer(no_args_is_help=True, help="Manage API keys.")
+
+
+def tenant_named(session: Session, name: str) -> Tenant:
+    """The tenant of that name, or a one-line error that says how to create it."""
+    from shared.errors import NotFound
+    from shared.store.tenants import get_tenant_by_name
+
+    try:
+        return get_tenant_by_name(session, name)
+    except NotFound:
+        create = f"ratchet tenants create {shlex.quote(name)}"
+        raise fail(f"no tenant named {name!r}: create it with `{create}`", 1) from None
 
 
 @tenants.command("create")
@@ -112,14 +127,14 @@ def keys_create(
 
     Only here can a key get the operator scope (fleet-wide views and actions)."""
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import DEFAULT_SCOPES, create_key, get_tenant_by_name
+    from shared.store.tenants import DEFAULT_SCOPES, create_key
 
     expiry = _expiry(expires_in, expires_at)
     require_migrated()
     with transaction() as session:
         key = create_key(
             session,
-            get_tenant_by_name(session, tenant),
+            tenant_named(session, tenant),
             tuple(scope or DEFAULT_SCOPES),
             name=name,
             expires_at=expiry,
@@ -131,11 +146,11 @@ def keys_create(
 def keys_list(tenant: Annotated[str, typer.Option(help="tenant name")]) -> None:
     """Print the tenant's keys as JSON, newest first: prefix, name, scopes, last use."""
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name, list_keys
+    from shared.store.tenants import list_keys
 
     require_migrated()
     with transaction() as session:
-        tenant_id = get_tenant_by_name(session, tenant).id
+        tenant_id = tenant_named(session, tenant).id
         rows = [_key_json(row) for row in list_keys(session, tenant_id, limit=10_000)]
     typer.echo(json.dumps(rows, indent=2))
 
@@ -147,11 +162,11 @@ def keys_revoke(
 ) -> None:
     """Revoke a key: the next request that carries it is refused."""
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name, revoke_key
+    from shared.store.tenants import revoke_key
 
     require_migrated()
     with transaction() as session:
-        row = revoke_key(session, get_tenant_by_name(session, tenant).id, key_id)
+        row = revoke_key(session, tenant_named(session, tenant).id, key_id)
         prefix = row.prefix
     err(f"revoked key {prefix}…")
 
@@ -167,11 +182,11 @@ def keys_rotate(
     """Print a new key (alone on stdout) with the old one's name, scopes and lifetime; the old
     key stops working after the grace period (default: at once)."""
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name, rotate_key
+    from shared.store.tenants import rotate_key
 
     period = _duration(grace)
     require_migrated()
     with transaction() as session:
-        _, key = rotate_key(session, get_tenant_by_name(session, tenant).id, key_id, grace=period)
+        _, key = rotate_key(session, tenant_named(session, tenant).id, key_id, grace=period)
     err(f"rotated; the old key stops working {'now' if not period else f'in {period}'}")
     typer.echo(key)

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ratchet.console import api_client, fail, print_json
+from ratchet.console import api_client, err, fail, print_json
 
 if TYPE_CHECKING:
-    from ratchet.client import Event
+    from ratchet.client import Client, Event
 
 tasks = typer.Typer(no_args_is_help=True, help="Read and act on tasks over HTTP.")
 DATA_COLUMN = " " * 28  # the width of an event line's seq and type
@@ -97,30 +97,73 @@ def submit(
     agent: str = "default",
     model: str | None = None,
     script: Annotated[
-        Path | None, typer.Option(help="JSON file: the scripted model's turns")
+        Path | None,
+        typer.Option(
+            help='JSON file: the scripted model\'s turns, a list or {"script": [...]}',
+        ),
     ] = None,
     tool: Annotated[list[str] | None, typer.Option(help="restrict to these tools")] = None,
     max_steps: int | None = None,
-    wait: Annotated[bool, typer.Option(help="wait for the task to finish")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(help="wait for the task to finish (its id goes to stderr at once)"),
+    ] = False,
 ) -> None:
     """Submit a task over HTTP (RATCHET_URL, RATCHET_KEY) and print it as JSON."""
     body: dict[str, Any] = {"agent": agent, "input": input}
     if model:
         body["model"] = model
     if script:
-        turns = json.loads(script.read_text())
-        body["model_options"] = {"script": turns["script"] if isinstance(turns, dict) else turns}
+        body["model_options"] = {"script": read_script(script)}
     if tool:
         body["tools"] = tool
     if max_steps:
         body["max_steps"] = max_steps
     with api_client() as client:
         task = client.submit(body)
-        while wait and task["status"] not in TERMINAL:
-            task = client.get(task["id"], wait=30)
+        if wait:
+            task = wait_for(client, task)
     print_json(task)
     if wait and task["status"] != "succeeded":
         raise typer.Exit(1)
+
+
+def read_script(path: Path) -> list[Any]:
+    """The scripted model's turns from ``path``: a JSON list, or an object whose ``script``
+    is one. Anything else is one line naming the file and what is wrong with it."""
+    try:
+        document = json.loads(path.read_text())
+    except OSError as exc:
+        raise fail(f"--script {path}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise fail(f"--script {path}: not JSON: {exc}") from None
+    turns = document.get("script") if isinstance(document, dict) else document
+    if not isinstance(turns, list):
+        raise fail(
+            f'--script {path}: expected a JSON list of turns, or an object with a "script" '
+            f"list (found {_shape(document)})"
+        )
+    return turns
+
+
+def _shape(document: Any) -> str:
+    if isinstance(document, dict):
+        return f"an object with keys {', '.join(map(repr, document)) or 'none'}"
+    return f"a JSON {type(document).__name__}"
+
+
+def wait_for(client: Client, task: dict[str, Any]) -> dict[str, Any]:
+    """Long-poll until the task ends. Its id is on stderr first, so an interrupted wait
+    (Ctrl-C) leaves the user the task, which goes on, and the command that follows it."""
+    task_id = task["id"]
+    err(f"submitted task {task_id}; waiting for it to finish")
+    try:
+        while task["status"] not in TERMINAL:
+            task = client.get(task_id, wait=30)
+    except KeyboardInterrupt:
+        err(f"stopped waiting; task {task_id} goes on. Follow it with: ratchet tail {task_id}")
+        raise typer.Exit(130) from None
+    return task
 
 
 TERMINAL = ("succeeded", "failed", "cancelled")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ratchet.cli_admin import tenant_named
 from ratchet.console import err, fail, print_json
 
 if TYPE_CHECKING:
@@ -33,13 +34,12 @@ def webhooks_secret(
     """Print the tenant's current webhook signing secret (alone on stdout)."""
     from shared.settings import get_settings
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name
     from shared.webhooks import secrets as webhook_secrets
 
     require_migrated()
     overlap = timedelta(hours=get_settings().webhook_secret_overlap_hours)
     with transaction() as session:
-        tenant_id = get_tenant_by_name(session, tenant).id
+        tenant_id = tenant_named(session, tenant).id
         if rotate:
             secret = webhook_secrets.rotate(session, tenant_id, overlap=overlap)
         else:
@@ -100,13 +100,12 @@ EventOption = Annotated[
 def _add(tenant: str, url: str, event: list[str] | None) -> None:
     from shared.errors import Conflict, InvalidRequest
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name
     from shared.webhooks import endpoints
 
     require_migrated()
     try:
         with transaction() as session:
-            tenant_id = get_tenant_by_name(session, tenant).id
+            tenant_id = tenant_named(session, tenant).id
             events = event or endpoints.DEFAULT_EVENTS
             endpoint = endpoints.create(session, tenant_id, url=url, events=events)
     except InvalidRequest as exc:
@@ -146,12 +145,11 @@ def webhooks_list(
 ) -> None:
     """Print the endpoints as JSON, newest first, with their last 24 hours' deliveries."""
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name
     from shared.webhooks import endpoints
 
     require_migrated()
     with transaction() as session:
-        tenant_id = get_tenant_by_name(session, tenant).id if tenant else None
+        tenant_id = tenant_named(session, tenant).id if tenant else None
         rows = endpoints.list_for(session, tenant_id, limit=10_000)
         listed = [_endpoint_json(row, session) for row in rows]
     print_json(listed)
@@ -169,7 +167,6 @@ def webhooks_update(
     """Change an endpoint's URL or event types; prints it as JSON."""
     from shared.errors import InvalidRequest
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name
     from shared.webhooks import endpoints
 
     if url is None and not event:
@@ -177,7 +174,7 @@ def webhooks_update(
     require_migrated()
     try:
         with transaction() as session:
-            tenant_id = get_tenant_by_name(session, tenant).id
+            tenant_id = tenant_named(session, tenant).id
             row = endpoints.update(session, tenant_id, endpoint_id, url=url, events=event)
             updated = _endpoint_json(row, session)
     except InvalidRequest as exc:
@@ -187,12 +184,11 @@ def webhooks_update(
 
 def _set_enabled(endpoint_id: str, tenant: str, enabled: bool, reason: str | None) -> None:
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name
     from shared.webhooks import endpoints
 
     require_migrated()
     with transaction() as session:
-        tenant_id = get_tenant_by_name(session, tenant).id
+        tenant_id = tenant_named(session, tenant).id
         row = endpoints.set_enabled(session, tenant_id, endpoint_id, enabled, reason)
         changed = _endpoint_json(row, session)
     print_json(changed)
@@ -222,10 +218,9 @@ def webhooks_disable(
 def webhooks_delete(endpoint_id: EndpointArgument, tenant: TenantOption) -> None:
     """Remove the endpoint; its deliveries still queued are not sent."""
     from shared.store.db import require_migrated, transaction
-    from shared.store.tenants import get_tenant_by_name
     from shared.webhooks import endpoints
 
     require_migrated()
     with transaction() as session:
-        endpoints.delete(session, get_tenant_by_name(session, tenant).id, endpoint_id)
+        endpoints.delete(session, tenant_named(session, tenant).id, endpoint_id)
     err(f"deleted webhook endpoint {endpoint_id}")

@@ -10,7 +10,8 @@
 ``wait`` follows the task's event stream and resumes it after a dropped connection from the
 last event seen; if streaming keeps failing it falls back to long-polling. Receivers of
 webhooks check them with :func:`verify_webhook` (or the ``standardwebhooks`` package). A
-tool call that waits for a person is decided with ``approve`` (or ``edit``, ``reject``).
+tool call that waits for a person is decided with ``approve`` (or ``edit``, ``reject``); a
+tenant's schedules are made with ``create_schedule``.
 """
 
 from __future__ import annotations
@@ -121,6 +122,37 @@ class Client:
 
     def retry(self, task_id: str) -> dict[str, Any]:
         return self._json(self._http.post(f"/v1/tasks/{task_id}/retry"))
+
+    def create_schedule(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a schedule (the body of ``POST /v1/schedules``: ``name``, ``cron``,
+        ``timezone``, ``task``, ``catch_up``); returns it, with its next tick."""
+        return self._json(self._http.post("/v1/schedules", json=dict(schedule)))
+
+    def schedules(self) -> list[dict[str, Any]]:
+        """Every schedule of the key's tenant, by name (all pages)."""
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": 100} | ({"cursor": cursor} if cursor else {})
+            page = self._json(self._http.get("/v1/schedules", params=params))
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return items
+
+    def pause_schedule(self, schedule_id: str) -> dict[str, Any]:
+        """No tick fires until it is resumed; returns the schedule."""
+        return self._json(self._http.post(f"/v1/schedules/{schedule_id}/pause"))
+
+    def resume_schedule(self, schedule_id: str) -> dict[str, Any]:
+        """It fires again from its next tick after now; returns the schedule."""
+        return self._json(self._http.post(f"/v1/schedules/{schedule_id}/resume"))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """Delete the schedule; the tasks it fired stay."""
+        response = self._http.delete(f"/v1/schedules/{schedule_id}")
+        if response.status_code >= 400:
+            self._json(response)
 
     def approve(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import typer
 
@@ -35,4 +36,23 @@ def api_client() -> Client:
     key = os.environ.get("RATCHET_KEY")
     if not key:
         raise fail(f"set RATCHET_KEY to an API key (and RATCHET_URL if not {DEFAULT_URL})")
-    return Client(os.environ.get("RATCHET_URL", DEFAULT_URL), key, timeout=75)
+    return Client(api_url(), key, timeout=75)
+
+
+def api_url() -> str:
+    """RATCHET_URL, refused in one line unless it is an http(s) URL with a host. A URL
+    without its scheme is not guessed at: http:// would send the key in the clear to a
+    server that wanted https://."""
+    url = os.environ.get("RATCHET_URL") or DEFAULT_URL
+    try:
+        parts = urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:  # a bad port, or an unclosed bracket
+        usable = False
+    if not usable:
+        raise fail(
+            f"RATCHET_URL {url!r} is not an http(s) URL: write it with its scheme, e.g. "
+            f"http://{url.split('://')[-1].strip('/') or '127.0.0.1:8000'}"
+        )
+    return url

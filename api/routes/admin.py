@@ -26,6 +26,8 @@ from shared.settings import get_settings
 from shared.store.tables import ConcurrencyLimit, Schedule
 
 router = APIRouter(tags=["admin"])
+# The schedules are a resource of their own in the OpenAPI document, not an operator's view.
+schedule_router = APIRouter(tags=["schedules"])
 
 
 def view(buckets: Sequence[Bucket], *, scope_prefix: str = "") -> dict[str, Any]:
@@ -279,7 +281,7 @@ def schedule_out(schedule: Schedule) -> ScheduleOut:
 SCHEDULE_404 = responses({404: "no such schedule (another tenant's is not found either)"})
 
 
-@router.post(
+@schedule_router.post(
     "/v1/schedules",
     status_code=201,
     response_model=ScheduleOut,
@@ -320,7 +322,9 @@ def create_schedule(
     return out
 
 
-@router.get("/v1/schedules", response_model=ScheduleList, summary="List the tenant's schedules")
+@schedule_router.get(
+    "/v1/schedules", response_model=ScheduleList, summary="List the tenant's schedules"
+)
 def list_schedules(
     principal: Reader,
     session: SessionDep,
@@ -344,7 +348,7 @@ def list_schedules(
     return ScheduleList(items=items, next_cursor=items[-1].name if more else None)
 
 
-@router.get(
+@schedule_router.get(
     "/v1/schedules/{schedule_id}",
     response_model=ScheduleOut,
     summary="Read a schedule",
@@ -356,7 +360,7 @@ def get_schedule(schedule_id: str, principal: Reader, session: SessionDep) -> Sc
         return schedule_out(schedules.get(session, principal.tenant_id, schedule_id))
 
 
-@router.post(
+@schedule_router.post(
     "/v1/schedules/{schedule_id}/pause",
     response_model=ScheduleOut,
     summary="Pause a schedule",
@@ -367,7 +371,7 @@ def pause_schedule(schedule_id: str, principal: Writer, session: SessionDep) -> 
     return _set_paused(session, principal.tenant_id, schedule_id, paused=True)
 
 
-@router.post(
+@schedule_router.post(
     "/v1/schedules/{schedule_id}/resume",
     response_model=ScheduleOut,
     summary="Resume a schedule",
@@ -384,7 +388,7 @@ def _set_paused(session: Session, tenant_id: str, schedule_id: str, *, paused: b
         return schedule_out(schedules.set_paused(session, schedule, paused))
 
 
-@router.delete(
+@schedule_router.delete(
     "/v1/schedules/{schedule_id}",
     status_code=204,
     summary="Delete a schedule",

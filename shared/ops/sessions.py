@@ -43,7 +43,10 @@ def open_session(
     may only read or submit tasks cannot open the dashboard."""
     principal = verify_key(session, key)
     if not principal.scopes & {ADMIN, OPERATOR}:
-        raise KeyRejected("this API key cannot open the dashboard: it needs the admin scope")
+        raise KeyRejected(
+            "this API key cannot open the dashboard: it needs the admin scope (or operator). "
+            f"Make one with: ratchet keys create --tenant {principal.tenant_name} --scope admin"
+        )
     cookie = secrets.token_urlsafe(32)
     row = DashboardSession(
         id_hash=hash_secret(cookie),

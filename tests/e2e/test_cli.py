@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
@@ -17,7 +20,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.conftest import ADMIN_URL, TenantHandle, _libpq
-from tests.e2e.conftest import StackFactory, free_port
+from tests.e2e.conftest import StackFactory, _ratchet_command, free_port
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -234,3 +237,156 @@ def test_tasks_commands_over_http(ratchet: Run, stack: StackFactory, tenant: Ten
     assert cancelled.returncode == 0, cancelled.stderr
     assert json.loads(cancelled.stdout)["id"] == task_id
     assert_one_line_error(ratchet("tasks", "get", str(uuid.uuid4()), env=env), "404")
+
+
+# --- what a newcomer tripped on ---------------------------------------------------------------
+
+
+def test_a_key_for_a_tenant_that_does_not_exist_says_how_to_create_it(ratchet: Run) -> None:
+    name = f"ops-{uuid.uuid4().hex[:6]}"
+
+    result = ratchet("keys", "create", "--tenant", name, "--scope", "operator")
+
+    assert_one_line_error(result, f"no tenant named {name!r}", f"ratchet tenants create {name}")
+
+
+@pytest.fixture
+def missing_database() -> Iterator[str]:
+    """The URL of a database its server does not have (yet), dropped after the test."""
+    name = f"ratchet_new_{uuid.uuid4().hex[:8]}"
+    yield make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(_libpq(ADMIN_URL), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_migrate_creates_a_database_its_server_does_not_have(
+    ratchet: Run, missing_database: str
+) -> None:
+    env: dict[str, str | None] = {"RATCHET_DATABASE_URL": missing_database}
+
+    first = ratchet("migrate", env=env)
+    again = ratchet("migrate", env=env)
+
+    assert first.returncode == 0, first.stderr
+    assert f"created database {missing_database.rsplit('@', maxsplit=1)[-1]}" in first.stderr
+    assert again.returncode == 0, again.stderr
+    assert "created" not in again.stderr  # there now: it is only migrated
+    created = ratchet("tenants", "create", "acme", env=env)
+    assert created.returncode == 0, created.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [
+        (None, "cannot read it"),
+        ("{not json", "not JSON"),
+        ('{"turns": []}', "'turns'"),
+        ('"hello"', "a JSON str"),
+    ],
+)
+def test_a_bad_script_file_is_one_line_naming_the_file(
+    ratchet: Run, tmp_path: Path, content: str | None, what: str
+) -> None:
+    script = tmp_path / "my-script.json"
+    if content is not None:
+        script.write_text(content)
+    env: dict[str, str | None] = {"RATCHET_URL": f"http://127.0.0.1:{free_port()}"}
+
+    result = ratchet("submit", "-i", "hi", "--script", str(script), env={**env, "RATCHET_KEY": "k"})
+
+    assert_one_line_error(result, "--script", str(script), what)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost:8000", "ftp://example.com"])
+def test_a_ratchet_url_without_its_scheme_is_refused_in_one_line(ratchet: Run, url: str) -> None:
+    result = ratchet("tasks", "list", env={"RATCHET_URL": url, "RATCHET_KEY": "rk_x"})
+
+    line = assert_one_line_error(result, "RATCHET_URL", repr(url), "http://")
+    assert "cannot reach" not in line
+
+
+def test_schedules_add_help_says_the_sixth_field_is_the_second(ratchet: Run) -> None:
+    result = ratchet("schedules", "add", "--help", env={"COLUMNS": "200"})
+
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "sixth field, the LAST, for the second" in text
+    assert "not every 5 s" in text
+
+
+def test_schedules_are_checked_by_the_server_not_the_command(
+    ratchet: Run, stack: StackFactory, tenant: TenantHandle
+) -> None:
+    """The server has the scripted model on; the shell running the command does not (nor any
+    database setting): the schedule is the server's to check, and it accepts it."""
+    fleet = stack(workers=0)
+    env: dict[str, str | None] = {
+        "RATCHET_URL": fleet.url,
+        "RATCHET_KEY": tenant.key,
+        "RATCHET_SCRIPTED_MODEL": "false",
+        "RATCHET_DATABASE_URL": None,
+    }
+    task = json.dumps({"input": "hi", "model": "scripted", "model_options": {"script": [{}]}})
+
+    added = ratchet("schedules", "add", "nightly", "--cron", "0 3 * * *", "--task", task, env=env)
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["next_fire_at"] is not None
+    paused = ratchet("schedules", "pause", "nightly", env=env)
+    assert json.loads(paused.stdout)["paused"] is True
+    [listed] = json.loads(ratchet("schedules", "list", env=env).stdout)
+    assert (listed["name"], listed["paused"]) == ("nightly", True)
+    assert ratchet("schedules", "delete", "nightly", env=env).returncode == 0
+    assert json.loads(ratchet("schedules", "list", env=env).stdout) == []
+    # What the server refuses is told in one line, as the server said it.
+    bad = json.dumps({"input": "hi", "agent": "no-such-agent"})
+    refused = ratchet("schedules", "add", "x", "--cron", "0 3 * * *", "--task", bad, env=env)
+    assert_one_line_error(refused, "422", "no-such-agent")
+    assert_one_line_error(ratchet("schedules", "pause", "nightly", env=env), "no schedule")
+
+
+def test_schedules_refuse_a_tenant_option_rather_than_ignore_it(ratchet: Run) -> None:
+    result = ratchet("schedules", "list", "--tenant", "acme", env={"RATCHET_KEY": "rk_x"})
+
+    assert_one_line_error(result, "RATCHET_KEY", "ratchet keys create --tenant acme")
+
+
+def test_ctrl_c_while_submit_waits_leaves_the_task_id_and_how_to_follow_it(
+    stack: StackFactory, tenant: TenantHandle, service_env: dict[str, str], tmp_path: Path
+) -> None:
+    fleet = stack(workers=0)  # no worker: the task waits until the command is interrupted
+    env = {**os.environ, **service_env, "RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key}
+    errors = tmp_path / "submit.err"
+    with errors.open("wb") as err:
+        proc = subprocess.Popen(
+            [_ratchet_command(), "submit", "-i", "hi", "--model", "scripted", "--wait"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+    try:
+        task_id = _await_submitted(proc, errors)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    told = errors.read_text()
+    assert proc.returncode == 130, told
+    assert "Traceback" not in told
+    assert f"ratchet tail {task_id}" in told
+    with fleet.client(headers=tenant.headers) as http:
+        assert http.get(f"/v1/tasks/{task_id}").json()["status"] == "queued"  # it goes on
+
+
+def _await_submitted(proc: subprocess.Popen[bytes], errors: Path) -> str:
+    """The task id ``submit --wait`` puts on stderr once the task is accepted."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = re.search(r"submitted task (\S+);", errors.read_text())
+        if found:
+            return found.group(1)
+        assert proc.poll() is None, errors.read_text()
+        time.sleep(0.1)
+    pytest.fail(f"no task id on stderr: {errors.read_text()}")

@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,11 @@ def run_ratchet(
         (["dev"], {"RATCHET_DATABASE_URL": "postgresql://u@h:port/db"}, "RATCHET_DATABASE_URL"),
         (["worker"], {"RATCHET_OPENAI_BASE_URL": "localhost:11434"}, "RATCHET_OPENAI_BASE_URL"),
         (["migrate"], {"RATCHET_DEFAULT_MODEL": "gpt-4o"}, "RATCHET_DEFAULT_MODEL"),
+        # A typo, and a module of one's own run without PYTHONPATH=. (``tests`` is not
+        # importable from the working directory): stopped before "Ratchet is running".
+        (["dev", "--port", "0"], {"RATCHET_AGENT_MODULES": "my_agnets"}, "RATCHET_AGENT_MODULES"),
+        (["api"], {"RATCHET_AGENT_MODULES": "tests.sample_agents"}, "PYTHONPATH=."),
+        (["worker"], {"RATCHET_AGENT_MODULES": "tests.sample_agents"}, "RATCHET_AGENT_MODULES"),
     ],
 )
 def test_a_bad_setting_stops_the_process_with_one_line(
@@ -169,3 +175,60 @@ def test_ratchet_dev_warns_once_when_an_allow_list_turns_the_egress_policy_off(
     assert len(warnings) == 1, warnings
     assert "the egress policy is off" in warnings[0]
     assert "RATCHET_WEBHOOK_ALLOWED_HOSTS" in warnings[0]
+
+
+def test_an_agent_module_that_fails_to_import_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "broken_agents.py").write_text("raise RuntimeError('the tool table is missing')\n")
+    env = {"RATCHET_AGENT_MODULES": "broken_agents", "PYTHONPATH": "."}
+
+    done = run_ratchet(["dev", "--port", "0"], env, tmp_path)
+
+    assert done.returncode != 0
+    [line] = done.stderr.splitlines()
+    assert "RATCHET_AGENT_MODULES" in line
+    assert "'broken_agents'" in line
+    assert "the tool table is missing" in line
+    assert done.stdout == ""
+
+
+def test_ratchet_api_says_at_start_when_a_task_without_a_model_would_be_refused(
+    tmp_path: Path, service_env: dict[str, str]
+) -> None:
+    """Production with neither RATCHET_DEFAULT_MODEL nor the scripted model: one line at start,
+    before the API serves, naming the setting to set; the API still starts."""
+    env = {**service_env, "RATCHET_SCRIPTED_MODEL": "false", "RATCHET_LOG_LEVEL": "WARNING"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # its RATCHET_AGENT_MODULES
+    env.pop("RATCHET_DEFAULT_MODEL", None)
+    port = _free_port()
+    errors = tmp_path / "api.err"
+    with errors.open("wb") as err:
+        proc = subprocess.Popen(
+            [*_ratchet_command(), "api", "--port", str(port)],
+            cwd=tmp_path,
+            env={**_clean_env(), **env},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        _wait_for_health(proc, port)
+    finally:
+        _stop(proc)
+    warnings = [line for line in errors.read_text().splitlines() if "RATCHET_DEFAULT_MODEL" in line]
+    assert len(warnings) == 1, errors.read_text()
+    assert "scripted" in warnings[0]
+    assert "refused" in warnings[0]
+
+
+def _wait_for_health(proc: subprocess.Popen[bytes], port: int) -> None:
+    import httpx
+
+    deadline = time.monotonic() + EXIT_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"ratchet api exited with {proc.returncode}"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    pytest.fail("ratchet api did not answer /healthz")

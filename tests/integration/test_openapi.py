@@ -230,3 +230,44 @@ def test_no_request_body_admits_what_every_route_refuses(client: TestClient) -> 
     assert body["additionalProperties"] == {"$ref": "#/components/schemas/JsonValue"}
     assert body["propertyNames"] == {"pattern": "^[^\\x00]*$"}
     assert schemas["TaskCreate"]["not"] == {"required": ["run_at", "delay_seconds"]}
+
+
+def test_the_browser_gets_a_favicon_from_the_api(client: TestClient) -> None:
+    icon = client.get("/favicon.ico")
+
+    assert icon.status_code == 200
+    assert icon.headers["content-type"] == "image/x-icon"
+    assert icon.content[:4] == b"\x00\x00\x01\x00"  # an ICO file's header: one or more icons
+    for page in ("/docs", "/redoc"):
+        assert 'href="/favicon.ico"' in client.get(page).text, page
+
+
+def test_swagger_ui_asks_no_outside_validator(client: TestClient) -> None:
+    """Swagger UI's default would load a badge from validator.swagger.io on every visit."""
+    assert '"validatorUrl": null' in client.get("/docs").text
+
+
+def test_each_error_status_has_an_example_of_its_own(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    assert "examples" not in document["components"]["schemas"]["Problem"]
+    for name, operation in _operations(document):
+        for status, answer in operation["responses"].items():
+            if int(status) >= 400:
+                example = answer["content"]["application/problem+json"]["example"]
+                assert example["status"] == int(status), (name, status)
+                assert example["title"] in answer["description"], (name, status)
+                assert example["detail"], (name, status)
+                assert ("errors" in example) is (int(status) == 422), (name, status)
+
+
+def test_the_schedules_have_a_tag_of_their_own(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    tagged = {
+        name: operation["tags"]
+        for name, operation in _operations(document)
+        if "/v1/schedules" in name
+    }
+
+    assert len(tagged) == 6, tagged
+    assert all(tags == ["schedules"] for tags in tagged.values()), tagged
+    assert "schedules" in {tag["name"] for tag in document["tags"]}
