@@ -13,7 +13,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.security import HTTPBearer
 from fastapi_offline import FastAPIOffline
 
-from api import dashboard, favicon, problems
+from api import dashboard, docs_pages, favicon, problems
 from api.body_limit import BodyLimitMiddleware
 from api.body_text import BodyTextMiddleware
 from api.deps import connection_turns
@@ -142,9 +142,10 @@ async def _root() -> RedirectResponse:
 
 def create_app() -> FastAPI:
     logs.configure_from_settings(replace=False)  # each API process (--workers spawns them)
-    # The docs pages (Swagger UI at /docs, ReDoc at /redoc) with their assets served from the
-    # package, not a CDN: they work offline and behind a firewall.
+    # The docs pages (Swagger UI at /docs, ReDoc at /redoc: api/docs_pages.py) with their
+    # assets served from the package, not a CDN: they work offline and behind a firewall.
     app = FastAPIOffline(
+        redoc_url=None,
         favicon_url="/favicon.ico",
         # Swagger UI would fetch a validity badge from validator.swagger.io: nothing leaves.
         swagger_ui_parameters={"validatorUrl": None},
@@ -183,5 +184,6 @@ def create_app() -> FastAPI:
     app.include_router(approval_links.router)  # pages without a key: the link is the credential
     app.add_api_route("/", _root, include_in_schema=False)
     favicon.install(app)
+    docs_pages.install(app)
     dashboard.install(app)
     return app
