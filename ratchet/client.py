@@ -29,6 +29,7 @@ from shared.webhooks.signing import WebhookVerificationError, verify
 
 __all__ = ["Client", "Event", "RatchetAPIError", "WebhookVerificationError", "verify_webhook"]
 TERMINAL = ("succeeded", "failed", "cancelled")
+SCHEDULES_PAGE = 100  # schedules asked for at a time (the API's most)
 
 
 class RatchetAPIError(Exception):
@@ -133,7 +134,7 @@ class Client:
         items: list[dict[str, Any]] = []
         cursor = None
         while True:
-            params: dict[str, Any] = {"limit": 100} | ({"cursor": cursor} if cursor else {})
+            params = {"limit": SCHEDULES_PAGE} | ({"cursor": cursor} if cursor else {})
             page = self._json(self._http.get("/v1/schedules", params=params))
             items += page["items"]
             cursor = page.get("next_cursor")

@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 from api import submission
 from api.schemas import TaskCreate
 from ratchet import cli_schedules
+from ratchet import client as ratchet_client
 from ratchet.cli import app as cli
+from ratchet.cli import describe
 from shared.errors import Conflict
 from shared.scheduling import schedules
 from shared.settings import get_settings
@@ -170,25 +172,42 @@ def test_the_list_comes_a_page_at_a_time_each_schedule_once(
     assert too_many.status_code == 422
 
 
+def over_http(client: TestClient, tenant: TenantHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ratchet schedules`` (an HTTP client of the API) talks to this app, with the key."""
+
+    def api_client() -> ratchet_client.Client:
+        through = ratchet_client.Client("http://testserver", tenant.key)
+        through._http = TestClient(client.app, headers=tenant.headers)
+        return through
+
+    monkeypatch.setattr(cli_schedules, "api_client", api_client)
+
+
 def test_the_cli_lists_every_schedule_through_its_pages(
     client: TestClient, tenant: TenantHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = [f"s{n}" for n in range(5)]
     for name in names:
         assert create(client, tenant, name).status_code == 201
-    monkeypatch.setattr(cli_schedules, "PAGE", 2)
-    result = CliRunner().invoke(cli, ["schedules", "list", "--tenant", tenant.name])
+    over_http(client, tenant, monkeypatch)
+    monkeypatch.setattr(ratchet_client, "SCHEDULES_PAGE", 2)
+    result = CliRunner().invoke(cli, ["schedules", "list"])
     assert result.exit_code == 0, result.output
     assert [s["name"] for s in json.loads(result.stdout)] == names
 
 
-def test_the_cli_refuses_a_seconds_cron_naming_the_field(tenant: TenantHandle) -> None:
+def test_the_cli_refuses_a_seconds_cron_naming_the_field(
+    client: TestClient, tenant: TenantHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    over_http(client, tenant, monkeypatch)
     task = json.dumps(scripted_task(ANSWER))
-    args = ["schedules", "add", "--tenant", tenant.name, "every-5", "--task", task]
+    args = ["schedules", "add", "every-5", "--task", task]
     result = CliRunner().invoke(cli, [*args, "--cron", "*/5 * * * * *"])
     assert result.exit_code != 0
-    assert "60 s" in result.output
-    assert "the last, for the second" in result.output
+    told = describe(result.exception) if result.exception else result.output  # the one line
+    assert "422" in told
+    assert "60 s" in told
+    assert "the last, for the second" in told
     assert count(tenant) == 0
     helped = CliRunner().invoke(cli, ["schedules", "add", "--help"], terminal_width=200)
     assert "for the second" in helped.output
