@@ -6,16 +6,13 @@ import os
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from ratchet import cli_admin, cli_client, cli_schedules, cli_webhooks
 from ratchet.console import err
-
-if TYPE_CHECKING:
-    pass
 
 
 class RatchetCLI(typer.Typer):
