@@ -12,13 +12,13 @@ import json
 import logging
 import time
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any
 
-import redis
 from celery import Celery
 
 from shared.constants import ADVANCE_TASK, ADVANCE_TASKS, DELIVER_WEBHOOK_TASK
 from shared.settings import Settings, get_settings
+from shared.transport import get_transport, transport_for
 
 log = logging.getLogger("ratchet.queue")
 # Each message carries when it was sent (ms, the sender's clock), so the sweeper can tell a
@@ -40,7 +40,7 @@ def configure(app: Celery, settings: Settings) -> None:
     app.conf.update(
         broker_url=settings.effective_broker_url,
         broker_connection_retry_on_startup=True,
-        broker_transport_options=_transport_options(settings),
+        broker_transport_options=transport_for(settings).broker_options(settings),
         task_default_queue=settings.queue_name,
         task_serializer="json",
         accept_content=["json"],
@@ -58,16 +58,9 @@ def configure(app: Celery, settings: Settings) -> None:
     )
 
 
-def _transport_options(settings: Settings) -> dict[str, float]:
-    if settings.embedded:
-        # The in-memory transport polls; its default (1 s) would add a second to every step.
-        return {"polling_interval": 0.01}
-    return {"visibility_timeout": settings.visibility_timeout_seconds}
-
-
 @lru_cache
 def get_celery() -> Celery:
-    """The process's Celery app (shared by the in-process worker in embedded mode)."""
+    """The process's Celery app (shared by the in-process worker under ``ratchet dev``)."""
     app = Celery("ratchet", set_as_current=False)
     configure(app, get_settings())
     return app
@@ -160,11 +153,8 @@ def oldest_waiting_ms(queue: str) -> int | None:
     a backlog would feed itself. Anything unexpected turns the check off (None): then the
     sweeper goes by the clock alone, as it would with another broker.
     """
-    url = redis_broker_url()
-    if url is None:
-        return None
     try:
-        raw = cast(bytes | None, _broker(url).lindex(queue, -1))
+        raw = get_transport().oldest_message(queue)
     except Exception as exc:  # never let a look into the queue stop the sweeping
         log.warning("could not look into queue %s: %s", queue, exc)
         return None
@@ -179,8 +169,3 @@ def oldest_waiting_ms(queue: str) -> int | None:
     if time.time() * 1000 - sent > get_settings().visibility_timeout_seconds * 1000:
         return None  # waiting longer than any backlog should: a queue nobody takes from
     return sent
-
-
-@lru_cache
-def _broker(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)

@@ -221,10 +221,12 @@ def _reset_caches() -> None:
     from shared.queue import get_celery
     from shared.settings import get_settings
     from shared.store.db import reset_engines
+    from shared.transport import reset_transport
 
     get_settings.cache_clear()
     get_celery.cache_clear()
     reset_engines()
+    reset_transport()
 
 
 @dataclass(frozen=True)

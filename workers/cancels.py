@@ -30,18 +30,15 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-import redis
 from prometheus_client import Counter
 
-from shared import notify
-from shared.constants import CANCELS_CHANNEL
 from shared.settings import get_settings
+from shared.transport import get_transport
 from workers import step_pool
 from workers.step_pool import Threads
 
 log = logging.getLogger("ratchet.worker")
 T = TypeVar("T")
-RECONNECT_MAX_SECONDS = 30.0
 QUICK_SECONDS = 0.002  # a call that answers within this keeps its step's turn
 
 
@@ -283,31 +280,6 @@ def _ensure_listener() -> None:
         if _listening_in == os.getpid():
             return
         _listening_in = os.getpid()
-    if get_settings().embedded:
-        notify.add_cancel_listener(cancel)  # one process: the API's cancel calls it directly
-    else:
-        threading.Thread(target=_listen, name="ratchet-cancels", daemon=True).start()
-
-
-def _listen() -> None:
-    """Follow the cancels channel for as long as the process lives, reconnecting with a
-    capped backoff; an outage is logged once when it starts and once when it ends."""
-    delay, down_since = 0.5, None
-    while True:
-        try:
-            client = redis.Redis.from_url(get_settings().redis_url, socket_connect_timeout=5)
-            pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-            pubsub.subscribe(CANCELS_CHANNEL)
-            if down_since is not None:
-                log.warning("cancel wake-ups are back after %.0f s", time.monotonic() - down_since)
-                down_since = None
-            delay = 0.5
-            for message in pubsub.listen():
-                if message.get("type") == "message":
-                    cancel(message["data"].decode())
-        except redis.RedisError as exc:
-            if down_since is None:
-                down_since = time.monotonic()
-                log.warning("cancel wake-ups are down (%s); the heartbeat still finds cancels", exc)
-            time.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+    # Redis: a thread of its own follows the cancels channel; in one process (``ratchet dev``)
+    # the API's cancel calls ``cancel`` directly.
+    get_transport().follow_cancels(cancel, log=log)

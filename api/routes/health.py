@@ -16,6 +16,7 @@ from api.problems import problem, responses
 from shared.settings import get_settings
 from shared.store.db import get_engine, require_migrated
 from shared.store.tenants import OPERATOR
+from shared.transport import get_transport
 
 router = APIRouter(tags=["health"])
 
@@ -68,15 +69,7 @@ def readyz() -> dict[str, object] | JSONResponse:
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
-    settings = get_settings()
-    if not settings.embedded:
-        try:
-            import redis
-
-            redis.Redis.from_url(settings.redis_url, socket_timeout=2).ping()
-            checks["redis"] = "ok"
-        except Exception as exc:
-            checks["redis"] = f"error: {type(exc).__name__}"
+    checks.update(get_transport().readiness())
     if all(v == "ok" for v in checks.values()):
         return {"status": "ok", "checks": checks}
     return problem(

@@ -3,9 +3,10 @@
 Every worker process that runs steps publishes a small record of itself every
 ``RATCHET_PRESENCE_INTERVAL_SECONDS`` (``workers/presence.py``). A record lives three
 intervals, so a process that dies drops out of the view on its own, with nothing to clean up.
-The sweeper records each run it makes. In production all of it lives in Redis, one fleet per
-queue name (the workers that take from that queue); in the embedded default (``ratchet dev``,
-where the worker runs in the API's process) in process memory. :func:`get_fleet` chooses once.
+The sweeper records each run it makes. Where it is kept is the transport's
+(``shared.transport``): in production Redis, one fleet per queue name (the workers that take
+from that queue); under ``ratchet dev``, where the worker runs in the API's process, process
+memory.
 
 What the dashboard reads: :func:`view` (all of it at once), or :func:`live_workers`,
 :func:`last_sweep`, :func:`queues` and :func:`oldest_runnable_task` one by one. Every one of
@@ -16,32 +17,27 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from functools import lru_cache
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar
 
-import redis
-from kombu.exceptions import ChannelError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.constants import LAST_SWEEP_PREFIX, WORKER_PREFIX, WORKERS_PREFIX
 from shared.errors import RatchetError
-from shared.queue import get_celery, oldest_waiting_ms, redis_broker_url, webhook_queue
+from shared.queue import oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 from shared.store.db import now_ms
 from shared.store.tables import Task, TaskStatus
+from shared.transport import Transport, TransportUnavailable, get_transport
 
 log = logging.getLogger("ratchet.fleet")
 MAX_RUNNING = 50  # task ids a record lists; ``busy`` still counts them all
 MAX_WORKERS = 1000  # records one read returns: the most recently published
 TTL_INTERVALS = 3  # a record outlives its process by at most this many intervals
-FORGET_AFTER_SECONDS = 600  # a process silent this long leaves the index too
 
 
 class FleetUnavailable(RatchetError):
@@ -122,123 +118,50 @@ class FleetView:
     flower_url: str | None
 
 
-class Fleet(Protocol):
-    """Where the live view is kept: Redis in production, process memory when embedded."""
+class Fleet:
+    """The live view of the fleet that takes from the queue ``name``, where the transport
+    keeps it. Every method may raise :class:`FleetUnavailable`."""
 
-    def publish(self, record: WorkerRecord, *, ttl_seconds: float) -> None: ...
-
-    def withdraw(self, record: WorkerRecord) -> None: ...
-
-    def workers(self) -> list[WorkerRecord]: ...
-
-    def save_sweep(self, record: SweepRecord) -> None: ...
-
-    def sweep(self) -> SweepRecord | None: ...
-
-    def depth(self, queue: str) -> int | None: ...
-
-
-class RedisFleet:
-    """The production view: a sorted set of members (scored by when each last published), a
-    record per member that expires on its own, and the last sweep; all keyed by the fleet's
-    queue name. Reads are bounded: the newest MAX_WORKERS members, one MGET."""
-
-    def __init__(self, client: redis.Redis, *, broker: redis.Redis | None, name: str) -> None:
-        self.client = client
-        self.broker = broker
-        self.index = WORKERS_PREFIX + name
-        self.prefix = f"{WORKER_PREFIX}{name}:"
-        self.sweep_key = LAST_SWEEP_PREFIX + name
+    def __init__(self, transport: Transport, name: str) -> None:
+        self.transport = transport
+        self.presence = transport.presence(name)
 
     def publish(self, record: WorkerRecord, *, ttl_seconds: float) -> None:
-        with _unavailable(), self.client.pipeline(transaction=False) as pipe:
-            pipe.set(
-                self.prefix + record.member, record.dumps(), px=max(1, int(ttl_seconds * 1000))
+        with _unavailable():
+            self.presence.put(
+                record.member, record.dumps(), seen_at=record.last_seen, ttl_seconds=ttl_seconds
             )
-            pipe.zadd(self.index, {record.member: record.last_seen})
-            pipe.zremrangebyscore(self.index, "-inf", record.last_seen - FORGET_AFTER_SECONDS)
-            pipe.expire(self.index, FORGET_AFTER_SECONDS)
-            pipe.execute()
 
     def withdraw(self, record: WorkerRecord) -> None:
-        with _unavailable(), self.client.pipeline(transaction=False) as pipe:
-            pipe.delete(self.prefix + record.member)
-            pipe.zrem(self.index, record.member)
-            pipe.execute()
+        with _unavailable():
+            self.presence.remove(record.member)
 
     def workers(self) -> list[WorkerRecord]:
         with _unavailable():
-            members = cast(list[bytes], self.client.zrevrange(self.index, 0, MAX_WORKERS - 1))
-            if not members:
-                return []
-            keys = [self.prefix + m.decode() for m in members]
-            raws = cast(list[bytes | None], self.client.mget(keys))
-        return [record for raw in raws if raw and (record := _parse(WorkerRecord, raw))]
+            raws = self.presence.records(MAX_WORKERS)
+        return [record for raw in raws if (record := _parse(WorkerRecord, raw))]
 
     def save_sweep(self, record: SweepRecord) -> None:
         with _unavailable():
-            self.client.set(self.sweep_key, record.dumps())
+            self.presence.put_sweep(record.dumps())
 
     def sweep(self) -> SweepRecord | None:
         with _unavailable():
-            raw = cast(bytes | None, self.client.get(self.sweep_key))
+            raw = self.presence.sweep()
         return _parse(SweepRecord, raw) if raw else None
 
     def depth(self, queue: str) -> int | None:
-        if self.broker is None:
-            return None  # a broker other than Redis: nothing to look into
+        """Messages waiting in ``queue``; None when the broker cannot be looked into."""
         with _unavailable():
-            return int(cast(int, self.broker.llen(queue)))
-
-
-class LocalFleet:
-    """The embedded default's view, in process memory: the worker runs in the API's process,
-    and its queue is kombu's in-memory transport."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._records: dict[str, tuple[WorkerRecord, float]] = {}  # member → (record, expiry)
-        self._sweep: SweepRecord | None = None
-
-    def publish(self, record: WorkerRecord, *, ttl_seconds: float) -> None:
-        with self._lock:
-            self._records[record.member] = (record, time.monotonic() + ttl_seconds)
-
-    def withdraw(self, record: WorkerRecord) -> None:
-        with self._lock:
-            self._records.pop(record.member, None)
-
-    def workers(self) -> list[WorkerRecord]:
-        now = time.monotonic()
-        with self._lock:
-            for member in [m for m, (_, expiry) in self._records.items() if expiry <= now]:
-                del self._records[member]
-            return [record for record, _ in self._records.values()]
-
-    def save_sweep(self, record: SweepRecord) -> None:
-        with self._lock:
-            self._sweep = record
-
-    def sweep(self) -> SweepRecord | None:
-        with self._lock:
-            return self._sweep
-
-    def depth(self, queue: str) -> int | None:
-        with get_celery().connection_for_read() as connection:
-            channel: Any = connection.default_channel
-            try:
-                declared = channel.queue_declare(queue=queue, passive=True)
-            except ChannelError:
-                return 0  # not declared yet: nothing was ever sent to it
-        return int(declared.message_count)
+            return self.transport.queue_depth(queue)
 
 
 @contextmanager
 def _unavailable() -> Iterator[None]:
-    """Turns a Redis error into :class:`FleetUnavailable`."""
+    """Turns the transport's silence into :class:`FleetUnavailable`."""
     try:
         yield
-    except redis.RedisError as exc:
+    except TransportUnavailable as exc:
         raise FleetUnavailable(f"the fleet's live view is unavailable: {exc}") from exc
 
 
@@ -252,25 +175,9 @@ def _parse(kind: type[Record], raw: str | bytes) -> Record | None:
         return None  # written by another version: left out, it expires
 
 
-_local = LocalFleet()
-
-
 def get_fleet() -> Fleet:
-    """Redis in production; process memory in the embedded default."""
-    settings = get_settings()
-    if settings.embedded:
-        return _local
-    return _redis_fleet(settings.redis_url, redis_broker_url(settings), settings.queue_name)
-
-
-@lru_cache
-def _redis_fleet(redis_url: str, broker_url: str | None, name: str) -> RedisFleet:
-    """``broker_url``: the broker's, when it is Redis (its queues' depths are read there)."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
-    broker = None
-    if broker_url is not None:
-        broker = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
-    return RedisFleet(client, broker=broker, name=name)
+    """The live view of this process's fleet (its queue name), on the transport."""
+    return Fleet(get_transport(), get_settings().queue_name)
 
 
 # --- what the worker side writes -------------------------------------------------------------

@@ -40,7 +40,6 @@ from shared.ratelimit.buckets import (
     Take,
     describe,
 )
-from shared.ratelimit.local import LocalLimiter
 from shared.ratelimit.scripts import (
     ADJUST,
     BLOCK,
@@ -49,6 +48,7 @@ from shared.ratelimit.scripts import (
     LEVEL,
     acquire_script,
 )
+from shared.transport import get_transport
 
 
 @lru_cache(maxsize=64)
@@ -289,19 +289,7 @@ class RedisLimiter:
         return out
 
 
-@lru_cache
-def _redis_limiter(url: str) -> RedisLimiter:
-    return RedisLimiter(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2))
-
-
-_local = LocalLimiter()
-
-
 def get_limiter() -> Limiter:
-    """Redis in production; process memory in the embedded default."""
-    from shared.settings import get_settings
-
-    settings = get_settings()
-    if settings.embedded:
-        return _local
-    return _redis_limiter(settings.redis_url)
+    """The limiter of the transport: Redis in production, process memory under ``ratchet
+    dev``."""
+    return get_transport().limiter()

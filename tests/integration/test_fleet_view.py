@@ -20,12 +20,14 @@ from sqlalchemy import update
 
 from shared.constants import LAST_SWEEP_PREFIX, WORKER_PREFIX, WORKERS_PREFIX
 from shared.ops import fleet
-from shared.ops.fleet import LocalFleet, RedisFleet, WorkerRecord
+from shared.ops.fleet import WorkerRecord
 from shared.queue import enqueue_step, get_celery, webhook_queue
 from shared.settings import get_settings
 from shared.store.db import transaction
 from shared.store.leases import Lease
 from shared.store.tables import Task
+from shared.transport.local import LocalPresence
+from shared.transport.redis import RedisPresence
 from tests.conftest import REDIS_URL, TenantHandle, environment
 from tests.helpers import admit, calculator_script, scripted_task
 from workers import heartbeat, presence, step_pool, sweeper
@@ -36,8 +38,8 @@ FLOWER = "https://flower.example.com"
 
 
 @pytest.fixture
-def fleet_env(backend_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fleet of this test's own (its own queue name, so its own Redis keys; a fresh
+def fleet_env(backend_env: dict[str, str]) -> Iterator[str]:
+    """A fleet of this test's own (its own queue name, so its own Redis keys and its own
     in-process view), short-lived records and a Flower link; returns the backend."""
     queue = f"ratchet-fleet-{uuid.uuid4().hex[:8]}"
     env = {
@@ -46,7 +48,6 @@ def fleet_env(backend_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> I
         "RATCHET_SWEEP_GRACE_SECONDS": "1",
         "RATCHET_FLOWER_URL": FLOWER,
     }
-    monkeypatch.setattr(fleet, "_local", LocalFleet())
     with environment(env):
         embedded = get_settings().embedded
         yield "sqlite" if embedded else "postgresql"
@@ -256,8 +257,8 @@ def test_the_fleet_view_is_a_503_while_redis_is_down(
 
 @pytest.mark.backends("postgresql")  # only Redis keeps records another version may write
 def test_a_record_of_another_version_is_left_out(fleet_env: str) -> None:
-    view = fleet.get_fleet()
-    assert isinstance(view, RedisFleet)
+    view = fleet.get_fleet().presence
+    assert isinstance(view, RedisPresence)
     good, bad = a_record(), a_record(pid=1)
     fleet.publish(good)
     fleet.publish(bad)
@@ -267,8 +268,8 @@ def test_a_record_of_another_version_is_left_out(fleet_env: str) -> None:
 
 
 def test_the_embedded_default_keeps_the_view_in_this_process(fleet_env: str) -> None:
-    view = fleet.get_fleet()
-    assert isinstance(view, LocalFleet if fleet_env == "sqlite" else RedisFleet)
+    view = fleet.get_fleet().presence
+    assert isinstance(view, LocalPresence if fleet_env == "sqlite" else RedisPresence)
     assert get_celery().conf.broker_url.startswith("memory://") == (fleet_env == "sqlite")
 
 

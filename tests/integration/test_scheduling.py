@@ -12,15 +12,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Connection, func, select, text, update
 from sqlalchemy.orm import Session
 
-from shared.ops.fleet import get_fleet
 from shared.scheduling import admission, limits
 from shared.store.db import get_engine, transaction
 from shared.store.tables import Schedule, Task
-from tests.conftest import TenantHandle, environment
+from tests.conftest import REDIS_URL, TenantHandle, environment
 from tests.helpers import admit, scripted_task
 from workers.steps.runner import advance
 
@@ -214,10 +214,10 @@ def test_the_dispatcher_waits_while_the_broker_holds_half_its_window(
             assert not dispatcher.broker_full()
             assert admit() == 3  # the window has room for 4; the broker then holds 3
             assert dispatcher.broker_full()
-            get_fleet().broker.delete(dispatcher.settings.queue_name)  # type: ignore[attr-defined]
+            redis.Redis.from_url(REDIS_URL).delete(dispatcher.settings.queue_name)
             assert not dispatcher.broker_full()
         finally:
-            get_fleet().broker.delete(dispatcher.settings.queue_name)  # type: ignore[attr-defined]
+            redis.Redis.from_url(REDIS_URL).delete(dispatcher.settings.queue_name)
 
 
 def index_scans(conn: Connection) -> Counter[str]:

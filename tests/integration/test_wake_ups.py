@@ -13,6 +13,7 @@ import redis
 
 from shared import notify
 from shared.settings import get_settings
+from shared.transport.redis import PIPELINE_GAP_SECONDS, Publisher
 
 WAIT = 30.0  # a bound for the test to fail rather than hang
 
@@ -53,7 +54,7 @@ def test_every_task_named_from_many_threads_is_woken(service_env: dict[str, str]
 
 
 def test_a_redis_that_is_down_loses_wake_ups_without_raising() -> None:
-    publisher = notify.Publisher(redis.Redis.from_url("redis://127.0.0.1:1/0"))
+    publisher = Publisher(redis.Redis.from_url("redis://127.0.0.1:1/0"))
     started = time.monotonic()
     for n in range(50):
         publisher.put(notify.channel(f"nobody-{n}"))  # handed over: the caller never waits
@@ -73,7 +74,7 @@ def test_a_submissions_dispatcher_wake_up_reaches_the_dispatcher(
     assert waiter.wait(WAIT)
 
 
-class _Recording(notify.Publisher):
+class _Recording(Publisher):
     """A publisher that notes when each of its pipelines starts, and what it carries."""
 
     def __init__(self, client: redis.Redis) -> None:
@@ -113,4 +114,4 @@ def test_a_burst_of_wake_ups_gathers_into_pipelines_a_gap_apart(
     assert sum(count for _, count in publisher.sent) == len(names)  # nothing twice
     assert 2 <= len(starts) < len(names)  # gathered
     gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
-    assert all(gap >= notify.PIPELINE_GAP_SECONDS * 0.99 for gap in gaps), gaps
+    assert all(gap >= PIPELINE_GAP_SECONDS * 0.99 for gap in gaps), gaps

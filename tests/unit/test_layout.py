@@ -128,3 +128,43 @@ def test_no_folder_is_an_outlier_in_modules() -> None:
         > MAX_MODULES_PER_FOLDER
     }
     assert crowded == {}
+
+
+# "Redis or in process" is decided once: by the transport, from the settings. Only these read
+# the setting (the settings define it; ``ratchet dev`` sets up the process it describes), and
+# only the transport makes Redis clients, with its one set of timeouts.
+READS_EMBEDDED = ("shared/settings.py", "shared/transport/", "ratchet/embedded.py")
+MAKES_REDIS_CLIENTS = ("shared/transport/",)
+
+
+def names_used(path: Path, *, called: bool) -> list[tuple[str, int]]:
+    """The attributes a module reads (``settings.embedded``), or with ``called`` the names
+    and attributes it calls (``Redis.from_url(...)``, ``Redis(...)``), with their lines."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if called and isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            found.append((name, node.lineno))
+        elif not called and isinstance(node, ast.Attribute):
+            found.append((node.attr, node.lineno))
+    return found
+
+
+def outside(allowed: tuple[str, ...], names: set[str], *, called: bool) -> list[str]:
+    return [
+        f"{where}:{line} {name}"
+        for path in product_modules()
+        if not (where := str(path.relative_to(ROOT))).startswith(allowed)
+        for name, line in names_used(path, called=called)
+        if name in names
+    ]
+
+
+def test_only_the_transport_settings_and_the_dev_runner_ask_whether_embedded() -> None:
+    assert outside(READS_EMBEDDED, {"embedded"}, called=False) == []
+
+
+def test_only_the_transport_makes_redis_clients() -> None:
+    clients = {"from_url", "Redis", "StrictRedis"}
+    assert outside(MAKES_REDIS_CLIENTS, clients, called=True) == []

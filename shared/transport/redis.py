@@ -1,0 +1,416 @@
+"""The production transport: Redis for wake-ups, cancels, the live view, the gate and the limiter.
+
+Every Redis client of a process is made here, with one set of timeouts: commands and the
+connections that only listen. Clients are kept per URL for the life of the process, so each
+URL has one connection pool however many parts of the process use it (a forked child's pool
+starts afresh on its first command, as redis-py's pools do).
+
+Wake-ups go out from a thread of each process's own, as many as have gathered in one
+pipeline: a step's commit hands its wake-up over and goes on, rather than wait a round trip
+to Redis for each (three a tool step, about a tenth of a step's CPU when each took its own).
+A pipeline follows the one before by ``PIPELINE_GAP_SECONDS`` at least: a wake-up that comes
+while the publisher is idle goes out at once, and under load they gather (a busy worker's
+pipelines then carry many wake-ups each, where each had carried one or two: a pipeline per
+wake-up cost a busy worker an eighth of its CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub as AsyncPubSub
+
+from shared.constants import (
+    CANCELS_CHANNEL,
+    DISPATCH_CHANNEL_PREFIX,
+    EVENTS_CHANNEL_PREFIX,
+    LAST_SWEEP_PREFIX,
+    WORKER_PREFIX,
+    WORKERS_PREFIX,
+)
+from shared.ratelimit.limiter import RedisLimiter
+from shared.settings import Settings
+from shared.transport.base import Following, Listener, Transport, TransportUnavailable
+
+log = logging.getLogger("ratchet.transport")
+
+# The one set of timeouts. A command waits at most this long to connect and for its answer:
+# every caller has a fallback (a poll, the heartbeat, the sweeper, "no" from the gate), so an
+# unreachable Redis must cost a call seconds, never hang it.
+CONNECT_TIMEOUT_SECONDS = 2.0
+COMMAND_TIMEOUT_SECONDS = 2.0
+# Off: a PING after each idle spell would add a round trip to the first command after it, and
+# a broken connection already shows as an error at that command, where the fallback takes over.
+HEALTH_CHECK_INTERVAL_SECONDS = 0
+# A listener that lost Redis tries again after this long, doubling up to the cap.
+RECONNECT_FIRST_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 30.0
+
+BATCH_MAX = 500  # wake-ups in one pipeline, at most
+PIPELINE_GAP_SECONDS = 0.02  # between the starts of two pipelines, at least
+FORGET_AFTER_SECONDS = 600  # a process silent this long leaves the live view's index too
+
+# KEYS: the gate. Takes one of its slots, if it has one left (DECR keeps the key's expiry).
+_TAKE = """
+local left = tonumber(redis.call('GET', KEYS[1]) or '0')
+if left <= 0 then return 0 end
+redis.call('DECR', KEYS[1])
+return 1
+"""
+
+
+@lru_cache
+def command_client(url: str) -> redis.Redis:
+    """The process's client for commands to ``url`` (one connection pool per URL)."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=COMMAND_TIMEOUT_SECONDS,
+        health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
+    )
+
+
+@lru_cache
+def listening_client(url: str) -> redis.Redis:
+    """The process's client for subscriptions to ``url``: no read timeout, since a listener
+    waits for messages as long as none comes."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
+    )
+
+
+def async_listening_client(url: str) -> aioredis.Redis:
+    """A client for one subscription on the running event loop (close it when it ends: an
+    asyncio client belongs to its loop, so it is made anew each time)."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
+    )
+
+
+class Publisher:
+    """A process's wake-ups to Redis (a PUBLISH of "1" on a channel), sent from a thread of
+    their own in pipelines."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._pending: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._started = 0.0  # when the last pipeline started (monotonic)
+        threading.Thread(target=self._run, name="ratchet-wake-ups", daemon=True).start()
+
+    def put(self, channel_name: str) -> None:
+        self._pending.put(channel_name)
+
+    def _run(self) -> None:
+        while True:
+            first = self._pending.get()
+            while (gap := self._started + PIPELINE_GAP_SECONDS - time.monotonic()) > 0:
+                time.sleep(gap)  # the last pipeline went out just now: let more gather
+            gathered = {first}  # a channel named twice is woken once
+            while len(gathered) < BATCH_MAX:
+                try:
+                    gathered.add(self._pending.get_nowait())
+                except queue.Empty:
+                    break
+            self.send(gathered)
+
+    def send(self, channel_names: Iterable[str]) -> None:
+        self._started = time.monotonic()  # the next pipeline goes a gap after this one
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for name in channel_names:
+                    pipe.publish(name, "1")
+                pipe.execute()
+        except redis.RedisError:
+            log.debug("wake-ups not published", exc_info=True)
+
+
+class RedisWaiter:
+    """The dispatcher's subscription to its channel; on an outage it waits on the wake-ups
+    of its own process until Redis answers again."""
+
+    def __init__(self, client: redis.Redis, channel: str, *, local: threading.Event) -> None:
+        self._channel = channel
+        self._local = local
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            if not self._pubsub.subscribed:
+                self._pubsub.subscribe(self._channel)
+            woken = self._pubsub.get_message(timeout=timeout) is not None
+            while woken and self._pubsub.get_message(timeout=0) is not None:
+                pass  # one round answers every wake-up sent so far
+            return woken
+        except redis.RedisError:
+            log.debug("dispatcher wake-ups unavailable; polling", exc_info=True)
+            with contextlib.suppress(redis.RedisError):
+                self._pubsub.reset()
+            return self._local.wait(timeout)
+
+    def close(self) -> None:
+        self._pubsub.close()
+
+
+class RedisFollowing:
+    """An API process's subscription to every task's event wake-ups, on its event loop."""
+
+    def __init__(
+        self, url: str, wake: Listener, *, wake_all: Callable[[], None], log: logging.Logger
+    ) -> None:
+        self._url, self._wake, self._wake_all, self._log = url, wake, wake_all, log
+        self._task = asyncio.create_task(self._listen(), name="ratchet-event-hub")
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _listen(self) -> None:
+        """Subscribe, and resubscribe after an outage with a capped exponential back-off.
+
+        An outage is logged once when it starts and once when it ends: a Redis that is down
+        for an hour must not write a traceback a second. Meanwhile readers poll Postgres."""
+        delay, down_since = RECONNECT_FIRST_SECONDS, None
+        while True:
+            client = async_listening_client(self._url)
+            try:
+                async with client.pubsub() as pubsub:
+                    await pubsub.psubscribe(EVENTS_CHANNEL_PREFIX + "*")
+                    if down_since is not None:
+                        self._log.info(
+                            "event wake-ups restored after %.0f s", time.monotonic() - down_since
+                        )
+                    delay, down_since = RECONNECT_FIRST_SECONDS, None
+                    self._wake_all()  # events committed while unsubscribed were not announced
+                    await self._relay(pubsub)
+            except asyncio.CancelledError:
+                raise
+            except (aioredis.RedisError, OSError) as exc:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    self._log.warning(
+                        "event wake-ups lost (%s: %s); streams poll the database until Redis is "
+                        "back",
+                        type(exc).__name__,
+                        exc,
+                    )
+                self._wake_all()  # so none waits longer than its fallback poll
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+            finally:
+                await client.aclose()
+
+    async def _relay(self, pubsub: AsyncPubSub) -> None:
+        async for message in pubsub.listen():
+            if message.get("type") == "pmessage":
+                name = message["channel"]
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                self._wake(name.removeprefix(EVENTS_CHANNEL_PREFIX))
+
+
+def follow_cancels_forever(url: str, cancel: Listener, *, log: logging.Logger) -> None:
+    """Follow the cancels channel for as long as the process lives, reconnecting with a
+    capped backoff; an outage is logged once when it starts and once when it ends."""
+    delay, down_since = RECONNECT_FIRST_SECONDS, None
+    while True:
+        pubsub = listening_client(url).pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(CANCELS_CHANNEL)
+            if down_since is not None:
+                log.warning("cancel wake-ups are back after %.0f s", time.monotonic() - down_since)
+                down_since = None
+            delay = RECONNECT_FIRST_SECONDS
+            for message in pubsub.listen():
+                if message.get("type") == "message":
+                    cancel(message["data"].decode())
+        except redis.RedisError as exc:
+            if down_since is None:
+                down_since = time.monotonic()
+                log.warning("cancel wake-ups are down (%s); the heartbeat still finds cancels", exc)
+            with contextlib.suppress(redis.RedisError):
+                pubsub.close()  # its connection goes back to the pool, to be checked on reuse
+            time.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+
+
+@contextlib.contextmanager
+def _unavailable() -> Iterator[None]:
+    """Turns a Redis error into :class:`TransportUnavailable`."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise TransportUnavailable(str(exc)) from exc
+
+
+class RedisPresence:
+    """A sorted set of members (scored by when each last published), a record per member that
+    expires on its own, and the last sweep; all keyed by the fleet's queue name. Reads are
+    bounded: the newest members, one MGET."""
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client = client
+        self.index = WORKERS_PREFIX + name
+        self.prefix = f"{WORKER_PREFIX}{name}:"
+        self.sweep_key = LAST_SWEEP_PREFIX + name
+
+    def put(self, member: str, record: str, *, seen_at: float, ttl_seconds: float) -> None:
+        with _unavailable(), self.client.pipeline(transaction=False) as pipe:
+            pipe.set(self.prefix + member, record, px=max(1, int(ttl_seconds * 1000)))
+            pipe.zadd(self.index, {member: seen_at})
+            pipe.zremrangebyscore(self.index, "-inf", seen_at - FORGET_AFTER_SECONDS)
+            pipe.expire(self.index, FORGET_AFTER_SECONDS)
+            pipe.execute()
+
+    def remove(self, member: str) -> None:
+        with _unavailable(), self.client.pipeline(transaction=False) as pipe:
+            pipe.delete(self.prefix + member)
+            pipe.zrem(self.index, member)
+            pipe.execute()
+
+    def records(self, limit: int) -> list[str | bytes]:
+        with _unavailable():
+            members: list[bytes] = self.client.zrevrange(self.index, 0, limit - 1)  # type: ignore[assignment]
+            if not members:
+                return []
+            raws: list[bytes | None] = self.client.mget([self.prefix + m.decode() for m in members])  # type: ignore[assignment]
+        return [raw for raw in raws if raw]
+
+    def put_sweep(self, record: str) -> None:
+        with _unavailable():
+            self.client.set(self.sweep_key, record)
+
+    def sweep(self) -> bytes | None:
+        with _unavailable():
+            return self.client.get(self.sweep_key)  # type: ignore[return-value]
+
+
+class RedisTransport(Transport):
+    """Redis at ``redis_url`` for wake-ups, cancels, the live view and the limiter; the
+    broker at ``broker_url`` (None: a broker other than Redis, which is not looked into) for
+    its queues and the gate that goes with them."""
+
+    name = "redis"
+
+    def __init__(self, redis_url: str, *, broker_url: str | None) -> None:
+        self.redis_url = redis_url
+        self._client = command_client(redis_url)
+        self._broker = command_client(broker_url) if broker_url is not None else None
+        self._take = self._broker.register_script(_TAKE) if self._broker is not None else None
+        self._limiter = RedisLimiter(self._client)
+        self._publisher: tuple[int, Publisher] | None = None  # by process: threads die in a fork
+        self._lock = threading.Lock()
+        self._local = threading.Event()  # this process's dispatcher wake-ups, for outages
+        self._presences: dict[str, RedisPresence] = {}
+
+    def broker_options(self, settings: Settings) -> dict[str, float]:
+        return {"visibility_timeout": settings.visibility_timeout_seconds}
+
+    def queue_depth(self, queue: str) -> int | None:
+        if self._broker is None:
+            return None
+        with _unavailable():
+            return int(self._broker.llen(queue))  # type: ignore[arg-type]
+
+    def oldest_message(self, queue: str) -> bytes | None:
+        if self._broker is None:
+            return None
+        with _unavailable():
+            return self._broker.lindex(queue, -1)  # type: ignore[return-value]
+
+    def _publisher_here(self) -> Publisher:
+        pid = os.getpid()
+        current = self._publisher
+        if current is None or current[0] != pid:
+            with self._lock:
+                current = self._publisher
+                if current is None or current[0] != pid:
+                    current = self._publisher = (pid, Publisher(self._client))
+        return current[1]
+
+    def wake_readers(self, task_ids: Iterable[str]) -> None:
+        publisher = self._publisher_here()
+        for task_id in task_ids:
+            publisher.put(EVENTS_CHANNEL_PREFIX + task_id)
+
+    def wake_dispatcher(self, queue_name: str) -> None:
+        self._local.set()
+        self._publisher_here().put(DISPATCH_CHANNEL_PREFIX + queue_name)
+
+    def dispatcher_waiter(self, queue_name: str) -> RedisWaiter:
+        channel = DISPATCH_CHANNEL_PREFIX + queue_name
+        return RedisWaiter(listening_client(self.redis_url), channel, local=self._local)
+
+    def wake_cancel(self, task_id: str) -> None:
+        try:
+            self._client.publish(CANCELS_CHANNEL, task_id)
+        except redis.RedisError:
+            log.warning("cancel wake-up for %s not published; the heartbeat will see it", task_id)
+
+    def follow_readers(
+        self, wake: Listener, *, wake_all: Callable[[], None], log: logging.Logger
+    ) -> Following:
+        return RedisFollowing(self.redis_url, wake, wake_all=wake_all, log=log)
+
+    def follow_cancels(self, cancel: Listener, *, log: logging.Logger) -> None:
+        threading.Thread(
+            target=follow_cancels_forever,
+            args=(self.redis_url, cancel),
+            kwargs={"log": log},
+            name="ratchet-cancels",
+            daemon=True,
+        ).start()
+
+    def presence(self, name: str) -> RedisPresence:
+        found = self._presences.get(name)
+        if found is None:
+            found = self._presences.setdefault(name, RedisPresence(self._client, name))
+        return found
+
+    def open_gate(self, key: str, slots: int, *, ttl_seconds: float) -> None:
+        if self._broker is None:
+            return  # another broker has no gate: everything goes through the backlog
+        try:
+            self._broker.set(key, slots, px=int(ttl_seconds * 1000))
+        except redis.RedisError:
+            log.debug("the gate was not opened", exc_info=True)
+
+    def close_gate(self, key: str) -> None:
+        if self._broker is None:
+            return
+        try:
+            self._broker.delete(key)
+        except redis.RedisError:
+            log.debug("the gate was not closed; it closes by itself", exc_info=True)
+
+    def take_gate_slot(self, key: str) -> bool:
+        if self._broker is None or self._take is None:
+            return False
+        try:
+            return bool(self._take(keys=[key], client=self._broker))
+        except redis.RedisError:
+            log.debug("the gate could not be read; through the backlog", exc_info=True)
+            return False
+
+    def limiter(self) -> RedisLimiter:
+        return self._limiter
+
+    def readiness(self) -> dict[str, str]:
+        try:
+            self._client.ping()
+        except Exception as exc:
+            return {"redis": f"error: {type(exc).__name__}"}
+        return {"redis": "ok"}
