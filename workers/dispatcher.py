@@ -25,14 +25,15 @@ import time
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from shared.actions import schedules as schedule_actions
+from shared.actions.effects import Effects, after_commit
 from shared.ops import fleet
 from shared.ops.fleet import FleetUnavailable
-from shared.queue import enqueue_deliveries, enqueue_steps
 from shared.scheduling import admission, gate, lead, limits, schedules
 from shared.scheduling.wake import Waiter
 from shared.settings import get_settings
 from shared.store import tenants
-from shared.store.db import transaction
+from shared.store.db import get_sessionmaker, transaction
 from shared.store.tables import Schedule
 
 log = logging.getLogger("ratchet.dispatch")
@@ -114,12 +115,15 @@ class Dispatcher:
         return max(1, int(fraction * (slots or self.capacity(slots))))
 
     def neighbours(self, session: Session) -> bool:
-        """Whether the fleet serves two tenants or more (read at most once a second): a share
-        is room kept for a neighbour, so a lone tenant (``ratchet dev``'s, a single-tenant
-        install) has the whole fleet. A second tenant's creation brings the share in within a
-        second, before its first task is admitted."""
+        """Whether the fleet serves two tenants or more: a share is room kept for a neighbour,
+        so a lone tenant (``ratchet dev``'s, a single-tenant install) has the whole fleet.
+
+        Read in the round itself while the answer is no, so a tenant created a moment ago has
+        its share before any of the first tenant's next tasks is admitted; a yes is kept for a
+        second (tenants are rarely deleted, and a round then spares the count)."""
         now = time.monotonic()
-        if self._tenants is None or now - self._tenants[0] >= CAPACITY_CACHE_SECONDS:
+        fresh = self._tenants is not None and now - self._tenants[0] < CAPACITY_CACHE_SECONDS
+        if not (fresh and self._tenants is not None and self._tenants[1] > 1):
             self._tenants = (now, tenants.count_tenants(session))
         return self._tenants[1] > 1
 
@@ -154,7 +158,7 @@ class Dispatcher:
                 share=self.share(slots) if self.neighbours(session) else None,
             )
         # One not sent is admitted with no message: the sweeper sends it one after its grace.
-        enqueue_steps(found.admitted)
+        after_commit(Effects(steps=tuple(found.admitted)))
         if found.spare:
             gate.open_gate(found.spare)  # so many may skip the backlog: nothing waits
         else:
@@ -167,20 +171,18 @@ class Dispatcher:
         with transaction() as session:
             due = schedules.due(session)
         for schedule_id in due:
-            deliveries: list[str] = []
             try:
-                with transaction() as session:
-                    fired = schedules.fire(
-                        session, schedule_id, grace_ms=grace_ms, deliveries=deliveries
-                    )
+                with get_sessionmaker()() as session:
+                    done = schedule_actions.fire(session, schedule_id, grace_ms=grace_ms)
             except Exception as exc:
                 log.exception("schedule %s did not fire", schedule_id)
                 self._record_error(schedule_id, exc)
                 continue
+            fired = done.fired
             if fired is not None and fired.task_id is not None:
                 self.fired += 1
                 log.info("schedule %s fired task %s", schedule_id, fired.task_id)
-            enqueue_deliveries(deliveries)
+            after_commit(done.effects)
 
     def _record_error(self, schedule_id: str, exc: Exception) -> None:
         try:

@@ -122,13 +122,15 @@ def test_a_lone_tenant_has_the_whole_fleet_until_a_neighbour_comes(
     client: TestClient, make_tenant: Callable[..., TenantHandle]
 ) -> None:
     alone = make_tenant()
-    for _ in range(6):
-        submit(client, alone)
-    with settings(dispatch_capacity=4, dispatch_window=4):
-        assert admit() == 4  # no neighbour: no room is kept for one
-        make_tenant()
-        with leading(dispatch_capacity=4) as dispatcher, transaction() as session:
-            assert dispatcher.neighbours(session)
+    with leading(dispatch_capacity=8, direct_admission="false") as dispatcher:
+        for _ in range(4):
+            submit(client, alone)
+        assert len(dispatcher.round().admitted) == 4  # no neighbour: no room is kept for one
+        make_tenant()  # and at once, in the very next round, the share (4 of 8) holds
+        for _ in range(4):
+            submit(client, alone)
+        assert dispatcher.round().admitted == []
+        assert len(admitted(alone)) == 4
 
 
 @pytest.mark.backends("postgresql", "sqlite")
