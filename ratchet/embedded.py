@@ -21,6 +21,7 @@ from shared.errors import NotFound
 from shared.observability import logs, tracing
 from shared.queue import webhook_queue
 from shared.settings import Settings, get_settings
+from shared.store import backends
 from shared.store.db import migrate, transaction
 from shared.store.tables import ApiKey
 from shared.store.tenants import authenticate, create_key, create_tenant, get_tenant_by_name
@@ -67,10 +68,7 @@ def describe_database(settings: Settings) -> str:
     """The database, for the banner (never its password)."""
     if not settings.database_url:
         return "embedded: SQLite"
-    url = make_url(settings.database_url)
-    if url.get_backend_name() == "sqlite":
-        return f"SQLite {url.database}"
-    return f"PostgreSQL {url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}"
+    return backends.describe(settings.database_url)
 
 
 def require_free_port(host: str, port: int) -> None:

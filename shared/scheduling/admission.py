@@ -21,11 +21,11 @@ on the worker (or by a direct message), never through the dispatcher. And with d
 admission on, a task submitted while nothing waits for room skips the backlog
 (``shared.scheduling.gate``).
 
-Admission is one UPDATE (``admitted_ms`` set, due now) committed before the messages are
-sent. A dispatcher that dies in between leaves admitted tasks without a message: the sweeper
-sends them one, as for any lost message. The UPDATE only takes tasks still waiting, so two
-dispatchers (briefly, in a failover) never admit a task twice; and a lease is what lets a
-step run, whatever the messages.
+Admission is one UPDATE (``admitted_ms`` set, due now: ``shared.store.tasks.admit_waiting``)
+committed before the messages are sent. A dispatcher that dies in between leaves admitted
+tasks without a message: the sweeper sends them one, as for any lost message. The UPDATE only
+takes tasks still waiting, so two dispatchers (briefly, in a failover) never admit a task
+twice; and a lease is what lets a step run, whatever the messages.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, func, select, true, update
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from shared.scheduling.limits import Limits
-from shared.store.backends import scan_index_entries
+from shared.store.backends import first_per_tenant, scan_index_entries
 from shared.store.db import now_ms
 from shared.store.tables import Task, TaskStatus, Tenant, runnable
+from shared.store.tasks import admit_waiting
 
 PER_TENANT = 32  # candidates read per tenant and round: at most this many admitted each
 # ... unless the last round read fewer tenants than its budget had room for: then each is
@@ -104,44 +105,22 @@ def _waiting() -> Any:
 def candidates(session: Session, *, per_tenant: int, fair: bool) -> list[Candidate]:
     """The tasks due to run, each tenant's first ``per_tenant`` in the order it is admitted
     (fair); or (not fair) the first ones of everyone's, by priority and due time alone."""
-    columns = (Task.id, Task.tenant_id, Tenant.name, Task.agent, Task.model, Task.steps)
+    columns = (Task.id, Task.tenant_id, Task.agent, Task.model, Task.steps)
     order = (Task.priority.desc(), Task.due_ms, Task.id)
-    if not fair:
-        query = (
-            select(*columns)
-            .join(Tenant, Tenant.id == Task.tenant_id)
-            .where(_waiting())
-            .order_by(*order)
-            .limit(per_tenant)
-        )
-    elif session.get_bind().dialect.name == "postgresql":
-        # One index probe per tenant (``ix_tasks_backlog``), however long its backlog.
-        first = (
-            select(Task.id, Task.agent, Task.model, Task.steps, Task.priority, Task.due_ms)
-            .where(Task.tenant_id == Tenant.id, _waiting())
-            .order_by(*order)
-            .limit(per_tenant)
-            .lateral("first")
-        )
-        query = (
-            select(first.c.id, Tenant.id, Tenant.name, first.c.agent, first.c.model, first.c.steps)
-            .select_from(Tenant)
-            .join(first, true())
-        )
+    if fair:
+        query = first_per_tenant(session, columns, where=_waiting(), order=order, limit=per_tenant)
     else:
-        ranked = (
-            select(
-                *columns,
-                func.row_number().over(partition_by=Task.tenant_id, order_by=order).label("rank"),
-            )
+        query = (
+            select(*columns, Tenant.name)
             .join(Tenant, Tenant.id == Task.tenant_id)
             .where(_waiting())
-            .subquery()
+            .order_by(*order)
+            .limit(per_tenant)
         )
-        query = select(*[ranked.c[c.name] for c in ranked.c if c.name != "rank"]).where(
-            ranked.c.rank <= per_tenant
-        )
-    return [Candidate(*row) for row in session.execute(query).all()]
+    return [
+        Candidate(row.id, row.tenant_id, row.name, row.agent, row.model, row.steps)
+        for row in session.execute(query).all()
+    ]
 
 
 @dataclass
@@ -216,20 +195,6 @@ def _room(candidate: Candidate, limits: Limits, use: Use, *, share: int | None) 
     return True
 
 
-def admit(session: Session, picked: Sequence[Candidate]) -> list[tuple[str, int]]:
-    """Mark ``picked`` admitted (those still waiting); (task, step) for each, to send."""
-    if not picked:
-        return []
-    rows = session.execute(
-        update(Task)
-        .where(Task.id.in_([c.id for c in picked]), Task.admitted_ms.is_(None), runnable())
-        .values(admitted_ms=now_ms(), due_ms=now_ms())
-        .returning(Task.id, Task.steps)
-        .execution_options(synchronize_session=False)
-    ).all()
-    return [(row.id, row.steps + 1) for row in rows]
-
-
 @dataclass(frozen=True)
 class Round:
     admitted: list[tuple[str, int]]
@@ -266,7 +231,7 @@ def admission_round(
     picked = choose(
         found, limits=limits, use=use, budget=budget, fair=fair, rotation=rotation, share=share
     )
-    admitted = admit(session, picked)
+    admitted = admit_waiting(session, [c.id for c in picked])
     read = Counter(c.tenant_id for c in found)
     if read:  # an empty round says nothing of how many tenants the next burst comes from
         rotation.tenants_read = len(read)

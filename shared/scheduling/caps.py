@@ -1,18 +1,19 @@
 """Queue caps: a tenant may have at most ``max_queued`` tasks queued (submitted, not yet
 started). Past it, a submission is refused (429 with Retry-After) and creates nothing.
 
-The count and the insert are in one transaction, serialized per tenant (on PostgreSQL by a
-transaction-scoped advisory lock on the tenant; SQLite serializes writers anyway), so
-concurrent submissions never take a tenant past its cap. Without a cap, nothing is counted.
+The count and the insert are in one transaction, serialized per tenant (the tenant's lock of
+queued tasks, held till it ends: ``shared.store.backends.hold_tenant_lock``), so concurrent
+submissions never take a tenant past its cap. Without a cap, nothing is counted.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shared.errors import QueueFull
 from shared.scheduling import limits
+from shared.store.backends import hold_tenant_lock
 from shared.store.tables import Task, TaskStatus
 
 RETRY_AFTER_SECONDS = 5
@@ -26,22 +27,12 @@ def known_uncapped(tenant_name: str) -> bool:
     return cached is not None and cached.tenant(tenant_name).max_queued is None
 
 
-def lock_tenant(session: Session, tenant_id: str, *, namespace: int) -> None:
-    """Serialize, till the transaction ends, what counts and adds a tenant's rows of one kind
-    (``namespace``): a transaction-scoped advisory lock on PostgreSQL; SQLite has one writer."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(
-            text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))"),
-            {"ns": namespace, "tenant": tenant_id},
-        )
-
-
 def check(session: Session, tenant_id: str, tenant_name: str) -> None:
     """In the submission's transaction, before its insert: QueueFull past the cap."""
     cap = limits.cached(session).tenant(tenant_name).max_queued
     if cap is None:
         return
-    lock_tenant(session, tenant_id, namespace=QUEUE_LOCK_NAMESPACE)
+    hold_tenant_lock(session, tenant_id, namespace=QUEUE_LOCK_NAMESPACE)
     queued = session.scalar(
         select(func.count())
         .select_from(Task)

@@ -7,10 +7,10 @@ leader that froze past its lease and wakes up does no harm in the moment before 
 
 from __future__ import annotations
 
-from sqlalchemy import delete, text
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
+from shared.store.backends import hold_lock, upsert
 from shared.store.db import now_ms
 from shared.store.tables import Leader
 
@@ -19,11 +19,9 @@ ROUND_LOCK_ID = 0x5244495350  # "RDISP": one dispatch round at a time across the
 
 def claim(session: Session, name: str, owner: str, *, ttl_ms: int) -> bool:
     """Take or renew ``name``'s lease for ``owner``; whether ``owner`` holds it now."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     values = {"name": name, "owner": owner, "expires_ms": now_ms() + ttl_ms}
     statement = (
-        insert(Leader)
+        upsert(session, Leader)
         .values(values)
         .on_conflict_do_update(
             index_elements=[Leader.name],
@@ -40,9 +38,9 @@ def holder(session: Session, name: str) -> Leader | None:
 
 
 def lock_round(session: Session) -> None:
-    """Wait for any other round in flight to commit (PostgreSQL; SQLite has one writer)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": ROUND_LOCK_ID})
+    """Wait for any other round in flight to commit; hold the round's lock till this one
+    does."""
+    hold_lock(session, ROUND_LOCK_ID)
 
 
 def release(session: Session, name: str, owner: str) -> None:

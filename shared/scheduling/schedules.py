@@ -33,9 +33,9 @@ from sqlalchemy.orm import Session
 
 from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.ids import new_id
-from shared.scheduling import caps
 from shared.settings import get_settings
 from shared.store import tasks
+from shared.store.backends import hold_tenant_lock
 from shared.store.db import now_ms
 from shared.store.tables import Schedule
 
@@ -161,7 +161,7 @@ def _check_size(request: dict[str, Any]) -> None:
 
 def _check_count(session: Session, tenant_id: str) -> None:
     most = get_settings().max_schedules_per_tenant
-    caps.lock_tenant(session, tenant_id, namespace=SCHEDULE_LOCK_NAMESPACE)
+    hold_tenant_lock(session, tenant_id, namespace=SCHEDULE_LOCK_NAMESPACE)
     count = session.scalar(
         select(func.count()).select_from(Schedule).where(Schedule.tenant_id == tenant_id)
     )

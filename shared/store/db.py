@@ -13,7 +13,7 @@ from sqlalchemy import (
     Engine,
     text,
 )
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.expression import FunctionElement
@@ -105,51 +105,29 @@ def alembic_config(url: str | None = None) -> Any:
 
 
 def create_missing_database(url: str) -> bool:
-    """Create the PostgreSQL database ``url`` names when its server has none of that name;
-    True if it did. Only when ``url`` cannot be connected to is the server's maintenance
-    database (``postgres``) asked: a database that exists is never touched, and a user who
-    may reach only its own database migrates as before. A SQLite file is made by connecting.
+    """Create the database ``url`` names when its server has none of that name; True if it
+    did. Only when ``url`` cannot be connected to is the backend asked (PostgreSQL: through
+    the server's maintenance database): a database that exists is never touched, and a user
+    who may reach only its own database migrates as before. A SQLite file is made by
+    connecting.
     """
     from sqlalchemy.exc import OperationalError
 
-    target = make_url(url)
+    from shared.store.backends import for_url  # the backends build on this module
+
     engine = make_engine(url, pool_size=1, max_overflow=0)
     try:
         with engine.connect():
             return False
     except OperationalError as refused:
-        if target.get_backend_name() != "postgresql" or not target.database:
-            raise
         try:
-            created = _create_on_server(target)
+            created = for_url(url).create_database(make_url(url))
         except OperationalError:
             raise refused from None  # no way in to create it: the first refusal says why
         if not created:
-            raise  # the database exists: it failed for another reason, which this says
+            raise  # it exists (or cannot be made): it failed for another reason, which this says
     finally:
         engine.dispose()
-    return True
-
-
-def _create_on_server(target: URL) -> bool:
-    """``CREATE DATABASE`` through the server's maintenance database, if it lacks one of
-    ``target``'s name; False when it has one already."""
-    maintenance = make_engine(
-        target.set(database="postgres").render_as_string(hide_password=False),
-        pool_size=1,
-        max_overflow=0,
-    )
-    try:
-        with maintenance.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            exists = conn.scalar(
-                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": target.database}
-            )
-            if exists:
-                return False
-            name = conn.dialect.identifier_preparer.quote_identifier(str(target.database))
-            conn.execute(text(f"CREATE DATABASE {name}"))
-    finally:
-        maintenance.dispose()
     return True
 
 

@@ -1,5 +1,5 @@
-"""Tasks outside a step: creation, lookup and listing, cancel and retry requests, and the
-sweeper's queries for tasks whose message was lost."""
+"""Tasks outside a step: creation, lookup and listing, cancel and retry requests, admission
+from the backlog, and the sweeper's queries for tasks whose message was lost."""
 
 from __future__ import annotations
 
@@ -279,6 +279,23 @@ def requeue_failed(
     session.refresh(task)
     _log_event(session, task, "task.queued", deliveries)
     return task
+
+
+def admit_waiting(session: Session, task_ids: Sequence[str]) -> list[tuple[str, int]]:
+    """Admit those of ``task_ids`` still waiting in the backlog (runnable, not admitted):
+    each due now and holding its slots, in one statement; (task, step) for each admitted,
+    for the caller to send once committed. One admitted meanwhile (by another dispatcher, in
+    a failover) is not admitted twice."""
+    if not task_ids:
+        return []
+    rows = session.execute(
+        update(Task)
+        .where(Task.id.in_(task_ids), Task.admitted_ms.is_(None), runnable())
+        .values(admitted_ms=now_ms(), due_ms=now_ms())
+        .returning(Task.id, Task.steps)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return [(row.id, row.steps + 1) for row in rows]
 
 
 def _overdue(

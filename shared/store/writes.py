@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from shared.errors import CancelRequested, LeaseLost
 from shared.observability import metrics
-from shared.store.backends import run_batch
+from shared.store.backends import backend_of, run_batch
 from shared.store.batch import Batch, Increment, Part
 from shared.store.db import now_ms
 from shared.store.fenced import (
@@ -107,7 +107,9 @@ def write(
     events, honour_cancel = change.events, change.honour_cancel
     now = utcnow()
     changes: dict[str, Any] = {}
-    locks = not change.values and not events and _locks_rows(session)
+    # SQLite has no row locks: there the UPDATE's own write is what makes the transaction a
+    # writer before it checks the epoch.
+    locks = not change.values and not events and backend_of(session).locks_rows
     if not locks:
         changes["lease_expires_ms"] = FromNow(lease.ttl_ms)
         changes["last_event_seq"] = Increment(len(events))
@@ -139,12 +141,6 @@ def write(
     if after.status in TaskStatus.TERMINAL:
         metrics.tasks_finished.labels(status=after.status).inc()
     return Written(after, [d["id"] for d in fenced.deliveries])
-
-
-def _locks_rows(session: Session) -> bool:
-    """Whether a row lock can fence a write: on PostgreSQL. SQLite has none; there the
-    UPDATE's own write is what makes the transaction a writer before it checks the epoch."""
-    return session.get_bind().dialect.name == "postgresql"
 
 
 def _refuse(session: Session, lease: Lease) -> NoReturn:

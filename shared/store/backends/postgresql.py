@@ -34,7 +34,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.dialects.postgresql import dml as postgresql_dml
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import bindparam
@@ -43,12 +44,14 @@ from shared.store import outbox
 from shared.store.backends import postgresql_engine
 from shared.store.batch import DELIVERIES, EVENTS, Add, Batch, Change, Increment, Part
 from shared.store.db import get_engine, get_sessionmaker, now_ms
+from shared.store.tables import Task, Tenant
 
 
 class PostgreSQL:
     """The backend of a PostgreSQL database."""
 
     name = "postgresql"
+    locks_rows = True
 
     def make_engine(self, url: str, *, pool_size: int | None, max_overflow: int | None) -> Engine:
         return postgresql_engine.make_engine(url, pool_size=pool_size, max_overflow=max_overflow)
@@ -110,6 +113,73 @@ class PostgreSQL:
     def epoch_seconds(self, column: Any) -> ColumnElement[float]:
         """A timestamp column as seconds since the epoch (for bucketing by minute or hour)."""
         return cast(ColumnElement[float], func.date_part("epoch", column))
+
+    def hold_lock(self, session: Session, lock_id: int) -> None:
+        """A transaction-scoped advisory lock: released by the commit or the rollback, so a
+        holder that dies never keeps it."""
+        session.execute(_HOLD_LOCK, {"id": lock_id})
+
+    def hold_tenant_lock(self, session: Session, tenant_id: str, *, namespace: int) -> None:
+        """A transaction-scoped advisory lock keyed on (namespace, a hash of the tenant): two
+        tenants sharing a hash only wait for each other, never count each other's rows."""
+        session.execute(_HOLD_TENANT_LOCK, {"ns": namespace, "tenant": tenant_id})
+
+    def commit_each_statement(self, session: Session) -> None:
+        """The session's connection in autocommit (for this session only: the pool resets
+        it): no BEGIN and COMMIT, each a round trip, around a write that is one statement."""
+        session.connection(execution_options=_AUTOCOMMIT)
+
+    def upsert(self, table: Any) -> postgresql_dml.Insert:
+        return postgresql_dml.insert(table)
+
+    def first_per_tenant(
+        self,
+        columns: Sequence[Any],
+        *,
+        where: ColumnElement[bool],
+        order: Sequence[Any],
+        limit: int,
+    ) -> Select[Any]:
+        """One index probe per tenant (a LATERAL subquery, LIMIT inside), however long each
+        tenant's list of matching tasks."""
+        first = (
+            select(*columns)
+            .where(Task.tenant_id == Tenant.id, where)
+            .order_by(*order)
+            .limit(limit)
+            .lateral("first")
+        )
+        return select(*first.c, Tenant.name).select_from(Tenant).join(first, true())
+
+    def create_database(self, url: URL) -> bool:
+        """``CREATE DATABASE`` through the server's maintenance database (``postgres``), if
+        it has none of ``url``'s name; False when it has one already (or ``url`` names none)."""
+        if not url.database:
+            return False
+        maintenance = postgresql_engine.make_engine(
+            url.set(database="postgres").render_as_string(hide_password=False),
+            pool_size=1,
+            max_overflow=0,
+        )
+        try:
+            with maintenance.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                exists = conn.scalar(_DATABASE_EXISTS, {"name": url.database})
+                if exists:
+                    return False
+                name = conn.dialect.identifier_preparer.quote_identifier(url.database)
+                conn.execute(text(f"CREATE DATABASE {name}"))
+        finally:
+            maintenance.dispose()
+        return True
+
+    def describe(self, url: URL) -> str:
+        return f"PostgreSQL {url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}"
+
+
+_HOLD_LOCK = text("SELECT pg_advisory_xact_lock(:id)")
+_HOLD_TENANT_LOCK = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))")
+_AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}
+_DATABASE_EXISTS = text("SELECT 1 FROM pg_database WHERE datname = :name")
 
 
 # --- statements compiled once ------------------------------------------------------------------

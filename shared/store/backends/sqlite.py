@@ -1,25 +1,41 @@
-"""SQLite, the embedded default: one process, one writer at a time; a fenced write's batch
-runs statement by statement inside an ordinary transaction."""
+"""SQLite, the embedded default: one process, one writer at a time (so no lock is needed to
+serialize writers); a fenced write's batch runs statement by statement inside an ordinary
+transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Float, Row, cast, create_engine, event, func
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    Float,
+    Row,
+    Select,
+    cast,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.dialects.sqlite import dml as sqlite_dml
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from shared.settings import get_settings
 from shared.store.batch import Batch, run_in_turn
 from shared.store.db import transaction
+from shared.store.tables import Task, Tenant
 
 
 class SQLite:
     """The backend of the embedded default: one process, one writer at a time."""
 
     name = "sqlite"
+    locks_rows = False
 
     def make_engine(self, url: str, *, pool_size: int | None, max_overflow: int | None) -> Engine:
         """A file next to the data directory (made if missing); SQLite pools nothing."""
@@ -59,6 +75,44 @@ class SQLite:
     def epoch_seconds(self, column: Any) -> ColumnElement[float]:
         """A timestamp column (stored as UTC text) as seconds since the epoch."""
         return cast(func.strftime("%s", column), Float)
+
+    def hold_lock(self, session: Session, lock_id: int) -> None:
+        """SQLite has one writer at a time: a transaction that writes holds every lock."""
+
+    def hold_tenant_lock(self, session: Session, tenant_id: str, *, namespace: int) -> None:
+        """SQLite has one writer at a time: a transaction that writes holds every lock."""
+
+    def commit_each_statement(self, session: Session) -> None:
+        """SQLite's transactions cost no round trip: the session's own is kept."""
+
+    def upsert(self, table: Any) -> sqlite_dml.Insert:
+        return sqlite_dml.insert(table)
+
+    def first_per_tenant(
+        self,
+        columns: Sequence[Any],
+        *,
+        where: ColumnElement[bool],
+        order: Sequence[Any],
+        limit: int,
+    ) -> Select[Any]:
+        """The matching tasks ranked within their tenant (a window), the first ``limit`` of
+        each kept: SQLite has no LATERAL."""
+        rank = func.row_number().over(partition_by=Task.tenant_id, order_by=order)
+        ranked = (
+            select(*columns, Tenant.name, rank.label("rank"))
+            .join(Tenant, Tenant.id == Task.tenant_id)
+            .where(where)
+            .subquery()
+        )
+        return select(*[c for c in ranked.c if c.name != "rank"]).where(ranked.c.rank <= limit)
+
+    def create_database(self, url: URL) -> bool:
+        """A SQLite file is made by connecting to it: there is nothing to create first."""
+        return False
+
+    def describe(self, url: URL) -> str:
+        return f"SQLite {url.database}"
 
 
 def _pragmas(dbapi_connection: Any, _record: Any) -> None:
