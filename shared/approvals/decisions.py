@@ -13,18 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shared.agents.registry import get_registry
 from shared.errors import Conflict, InvalidRequest, NotFound, ToolArgumentsInvalid
-from shared.observability import metrics
-from shared.store import ledger, outbox
+from shared.store import ledger, tasks
 from shared.store.db import now_ms
-from shared.store.events import insert_events
 from shared.store.tables import Task, TaskStatus, ToolCall, utcnow
-from shared.store.writes import terminal_values
-from shared.views import task_document
 
 DECISIONS = ("approve", "edit", "reject")
 
@@ -39,18 +35,6 @@ class Decided:
     resumed: bool
     replayed: bool
     deliveries: list[str]
-
-
-def _lock(session: Session, task_id: str, tenant_id: str | None) -> Task:
-    query = update(Task).where(Task.id == task_id)
-    if tenant_id is not None:
-        query = query.where(Task.tenant_id == tenant_id)
-    locked = session.execute(query.values(updated_at=Task.updated_at))
-    if locked.rowcount != 1:  # type: ignore[attr-defined]
-        raise NotFound(f"no task {task_id}")
-    task = session.get(Task, task_id, populate_existing=True)
-    assert task is not None
-    return task
 
 
 def _same(call: ToolCall, decision: str, arguments: dict[str, Any] | None) -> bool:
@@ -84,7 +68,7 @@ def decide(
     tenant). NotFound if no such call waits; Conflict if it was decided otherwise or its task
     no longer waits (cancelled, timed out); InvalidRequest for an edit its tool refuses."""
     assert decision in DECISIONS
-    task = _lock(session, task_id, tenant_id)
+    task = tasks.lock_task(session, task_id, tenant_id)
     call = session.scalar(
         select(ToolCall).where(ToolCall.task_id == task_id, ToolCall.call_id == call_id)
     )
@@ -101,25 +85,14 @@ def decide(
     call.decision, call.decided_by, call.decision_reason = decision, decided_by, reason
     call.decided_at = utcnow()
     session.flush()
-    resumed = _still_waiting(session, task, call) == []
-    if resumed:
-        task.status, task.pending_approval, task.due_ms = TaskStatus.RUNNING, None, now_ms()
-        task.admitted_ms = None  # back in the backlog: the dispatcher admits its next step
-    task.last_event_seq += 1
-    task.updated_at = utcnow()
-    session.flush()
-    session.refresh(task)
-    deliveries = insert_events(
-        session,
-        [("step.tool_call", _event(call))],
-        task=task,
-        subscriptions=outbox.subscriptions_for(session, task),
-    )
-    return Decided(call, task, resumed=resumed, replayed=False, deliveries=deliveries)
+    pending = _still_pending(session, task, call)
+    deliveries = tasks.record_decision(session, task, _event(call), pending=pending)
+    return Decided(call, task, resumed=pending is None, replayed=False, deliveries=deliveries)
 
 
-def _still_waiting(session: Session, task: Task, decided: ToolCall) -> list[str]:
-    """The step's calls still undecided; the task's ``pending_approval`` lists only them."""
+def _still_pending(session: Session, task: Task, decided: ToolCall) -> dict[str, Any] | None:
+    """The task's ``pending_approval`` with only the step's calls still undecided; None when
+    none is."""
     waiting = session.scalars(
         select(ToolCall.call_id).where(
             ToolCall.task_id == task.id,
@@ -128,10 +101,11 @@ def _still_waiting(session: Session, task: Task, decided: ToolCall) -> list[str]
             ToolCall.decision.is_(None),
         )
     ).all()
+    if not waiting:
+        return None
     pending = dict(task.pending_approval or {})
     pending["calls"] = [c for c in pending.get("calls", []) if c["call_id"] in waiting]
-    task.pending_approval = pending
-    return list(waiting)
+    return pending
 
 
 def _event(call: ToolCall) -> dict[str, Any]:
@@ -186,24 +160,11 @@ def expire(session: Session, task_id: str, call_id: str, policy: str) -> tuple[b
         except (Conflict, NotFound):
             return False, []
         return decided.resumed, decided.deliveries
-    task = _lock(session, task_id, None)
+    task = tasks.lock_task(session, task_id, None)
     if task.status != TaskStatus.AWAITING_APPROVAL:
         return False, []
     error = {"type": "approval_timeout", "message": f"tool call {call_id}: {reason}"}
-    for key, value in terminal_values(TaskStatus.FAILED, error=error).items():
-        setattr(task, key, value)
-    task.lease_epoch += 1
-    task.last_event_seq += 1
-    session.flush()
-    session.refresh(task)
-    metrics.tasks_finished.labels(status=TaskStatus.FAILED).inc()
-    deliveries = insert_events(
-        session,
-        [("task.failed", task_document)],
-        task=task,
-        subscriptions=outbox.subscriptions_for(session, task),
-    )
-    return False, deliveries
+    return False, tasks.fail_awaiting(session, task, error)
 
 
 def count_waiting(session: Session, tenant_id: str | None) -> int:
