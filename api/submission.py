@@ -6,29 +6,23 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from api.problems import field_name
 from api.schemas import MAX_DELAY_SECONDS, TaskCreate
+from shared.actions import tasks as task_actions
+from shared.actions.tasks import Submitted
 from shared.agents.registry import get_agent, get_registry
-from shared.errors import Conflict, EgressDenied, IdempotencyMismatch, InvalidRequest, NotFound
+from shared.errors import EgressDenied, InvalidRequest, NotFound
 from shared.providers import Script, check_available, parse_model, script_delays_over
 from shared.ratelimit import limits
 from shared.ratelimit.buckets import LimiterUnavailable
 from shared.ratelimit.limiter import get_limiter
-from shared.scheduling import caps, gate
-from shared.scheduling import limits as concurrency
 from shared.settings import Settings, get_settings
-from shared.store import tasks
-from shared.store.db import get_sessionmaker
-from shared.store.tables import Task
 from shared.store.tasks import NewTask
 from shared.webhooks.egress import check_url
 
@@ -55,74 +49,21 @@ def parse(raw: bytes) -> TaskCreate:
     ) from None
 
 
-@dataclass
-class Submitted:
-    """A submission's outcome: the task, and whether this request created it (else it
-    answers a repeat of an earlier request with the same Idempotency-Key)."""
-
-    task: Task
-    created: bool
-    direct: bool = False
-    deliveries: list[str] = field(default_factory=list)
-
-
 def submit(
     tenant_id: str, tenant_name: str, body: TaskCreate, idempotency_key: str | None
 ) -> Submitted:
-    """The whole submission, run as one call on the thread pool: checked, rate-limited and
-    inserted (or, for a known Idempotency-Key, the original task found) in one session."""
+    """The whole submission, run as one call on the thread pool: checked and rate-limited
+    here, then inserted (or, for a known Idempotency-Key, the original task found) by the
+    submit action, in one session."""
     spec = resolve(body, get_settings())
     check_rate(tenant_name)
-    digest = request_hash(body)
-    with get_sessionmaker()() as session:
-        try:
-            with session.begin():
-                if idempotency_key is None and caps.known_uncapped(tenant_name):
-                    one_statement(session)
-                existing = idempotency_key and tasks.find_by_idempotency_key(
-                    session, tenant_id, idempotency_key
-                )
-                if existing:
-                    return Submitted(_replay(existing, digest), created=False)
-                caps.check(session, tenant_id, tenant_name)
-                admitted = direct(session, tenant_name, spec)
-                deliveries: list[str] = []
-                task = tasks.create_task(
-                    session,
-                    tenant_id,
-                    spec,
-                    idempotency_key=idempotency_key,
-                    request_hash=digest,
-                    deliveries=deliveries,
-                    admitted=admitted,
-                )
-            return Submitted(task, created=True, direct=admitted, deliveries=deliveries)
-        except IntegrityError:
-            # A concurrent request with the same key committed first.
-            assert idempotency_key is not None
-            with session.begin():
-                existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
-            if existing is None:
-                raise Conflict("a request with this Idempotency-Key is in progress") from None
-            return Submitted(_replay(existing, digest), created=False)
-
-
-AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}
-
-
-def one_statement(session: Session) -> None:
-    """On PostgreSQL, run the session's statements in autocommit: for a submission that
-    counts and locks nothing, whose one write (the task, its event and their webhooks, one
-    statement: ``tasks.create_task``) is a transaction of its own, without the BEGIN and
-    COMMIT that each cost a round trip."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.connection(execution_options=AUTOCOMMIT)
-
-
-def _replay(existing: Task, digest: str) -> Task:
-    if existing.request_hash != digest:
-        raise IdempotencyMismatch
-    return existing
+    return task_actions.submit(
+        tenant_id,
+        tenant_name,
+        spec,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash(body),
+    )
 
 
 def _document(raw: bytes) -> Any:
@@ -149,16 +90,6 @@ def check_rate(tenant: str) -> None:
             f"tenant {tenant!r} is over its submission limit; retry in {retry_after} s",
             headers={"Retry-After": str(retry_after)},
         )
-
-
-def direct(session: Session, tenant: str, spec: NewTask) -> bool:
-    """Whether the task skips the backlog (``shared.scheduling.gate``): due now, under no
-    concurrency limit (only the dispatcher counts slots), and a slot taken from the gate."""
-    if spec.run_at_ms is not None:
-        return False
-    if concurrency.cached(session).governs(tenant=tenant, agent=spec.agent, model=spec.model):
-        return False
-    return gate.take_slot()
 
 
 def request_hash(body: TaskCreate) -> str:

@@ -25,14 +25,15 @@ from collections.abc import Sequence
 
 from sqlalchemy import select
 
+from shared.actions import approvals
+from shared.actions.effects import Effects, after_commit
 from shared.approvals import decisions
 from shared.ops import fleet
-from shared.queue import enqueue_deliveries, enqueue_step, oldest_waiting_ms, webhook_queue
-from shared.scheduling.wake import wake
+from shared.queue import oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 from shared.store import tasks
 from shared.store.backends import backend_of, write_session
-from shared.store.db import now_ms, transaction
+from shared.store.db import get_sessionmaker, now_ms, transaction
 from shared.webhooks import deliveries as webhook_deliveries
 from workers import presence
 
@@ -73,9 +74,7 @@ def sweep_once() -> int:
         deliveries = webhook_deliveries.mark_redispatched(
             session, lost_sends, grace_ms=grace_ms, sent_before_ms=sends_before
         )
-    for task_id, step in overdue:
-        enqueue_step(task_id, step)
-    enqueue_deliveries(deliveries)
+    after_commit(Effects(steps=tuple(overdue), deliveries=tuple(deliveries)))
     if overdue:
         log.warning("sweeper re-enqueued %d task(s)", len(overdue))
     fleet.record_sweep(
@@ -90,12 +89,10 @@ def expire_approvals(expired: Sequence[tuple[str, str, str]]) -> None:
     """Apply each deadline's policy, each call in a transaction of its own: a decision that
     got there first wins, and the deadline changes nothing."""
     for task_id, call_id, policy in expired:
-        with transaction() as session:
-            resumed, deliveries = decisions.expire(session, task_id, call_id, policy)
+        with get_sessionmaker()() as session:
+            effects = approvals.expire(session, task_id, call_id, policy)
         log.info("approval of %s %s timed out: %s", task_id, call_id, policy)
-        enqueue_deliveries(deliveries)
-        if resumed:
-            wake()  # the task is back in the backlog: the dispatcher admits it
+        after_commit(effects)
 
 
 def _waiting_since(sent_ms: int | None, offset_ms: int) -> int | None:

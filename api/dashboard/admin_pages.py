@@ -18,6 +18,8 @@ from api.dashboard.auth import PATH, CheckedLogin, CurrentLogin
 from api.dashboard.pages import scope_of
 from api.dashboard.render import page
 from api.deps import verified_keys
+from shared.actions import keys as key_actions
+from shared.actions import webhooks as webhook_actions
 from shared.errors import InvalidRequest, RatchetError
 from shared.ops import overview, search
 from shared.ops.sessions import Login
@@ -71,12 +73,14 @@ def _endpoint_tenant(session: Session, login: Login, endpoint_id: str) -> str:
 
 def _change_endpoint(login: Login, endpoint_id: str, action: str) -> str:
     who = f"disabled from the dashboard by key {login.principal.key_id}"
-    with get_sessionmaker()() as session, session.begin():
-        tenant_id = _endpoint_tenant(session, login, endpoint_id)
+    with get_sessionmaker()() as session:
+        with session.begin():
+            tenant_id = _endpoint_tenant(session, login, endpoint_id)
         if action == "delete":
-            endpoints.delete(session, tenant_id, endpoint_id)
+            webhook_actions.remove_endpoint(session, tenant_id, endpoint_id)
             return "Endpoint deleted"
-        endpoints.set_enabled(session, tenant_id, endpoint_id, action == "enable", reason=who)
+        enabled = action == "enable"
+        webhook_actions.enable_endpoint(session, tenant_id, endpoint_id, enabled, reason=who)
     return f"Endpoint {action}d"
 
 
@@ -92,8 +96,8 @@ async def change_endpoint(login: CheckedLogin, endpoint_id: str, action: str) ->
 
 
 def _add_endpoint(login: Login, url: str, events: list[str]) -> str:
-    with get_sessionmaker()() as session, session.begin():
-        endpoints.create(session, login.principal.tenant_id, url=url, events=events)
+    with get_sessionmaker()() as session:
+        webhook_actions.add_endpoint(session, login.principal.tenant_id, url=url, events=events)
     return "Endpoint added"
 
 
@@ -130,8 +134,8 @@ async def tenants_page(request: Request, login: CurrentLogin) -> Response:
 def _create_key(login: Login, name: str | None, scopes: list[str]) -> tuple[str, str]:
     if not set(scopes) <= set(KEY_SCOPES):
         raise InvalidRequest("scopes", "the dashboard grants only tenant scopes")
-    with get_sessionmaker()() as session, session.begin():
-        row, key = tenants.issue_key(
+    with get_sessionmaker()() as session:
+        row, key = key_actions.create_key(
             session, login.principal.tenant_id, scopes=scopes, name=name or None
         )
     return row.prefix, key
@@ -154,8 +158,10 @@ async def create_key(request: Request, login: CheckedLogin) -> Response:
 
 
 def _revoke(login: Login, key_id: str) -> str:
-    with get_sessionmaker()() as session, session.begin():
-        row = tenants.revoke_key(session, login.principal.tenant_id, key_id)
+    with get_sessionmaker()() as session:
+        row = key_actions.revoke_key(
+            session, login.principal.tenant_id, key_id, operator=login.operator
+        )
     verified_keys.forget(key_id)
     return f"Key {row.prefix}… revoked"
 

@@ -16,8 +16,9 @@ from sqlalchemy import select
 from api.dashboard.auth import PATH, CheckedLogin, CurrentLogin
 from api.dashboard.pages import scope_of
 from api.dashboard.render import page
-from api.routes.approvals import after_commit
-from shared.approvals.decisions import DECISIONS, decide
+from shared.actions import approvals
+from shared.actions.effects import after_commit
+from shared.approvals.decisions import DECISIONS
 from shared.errors import InvalidRequest, RatchetError
 from shared.ops import search
 from shared.ops.sessions import Login
@@ -61,8 +62,8 @@ def _decide(login: Login, task_id: str, call_id: str, form: dict[str, str]) -> s
         raise InvalidRequest("decision", "approve, edit or reject")
     arguments = _arguments(form.get("arguments", "")) if decision == "edit" else None
     tenant_id = scope_of(login)
-    with get_sessionmaker()() as session, session.begin():
-        decided = decide(
+    with get_sessionmaker()() as session:
+        decided, effects = approvals.decide(
             session,
             task_id,
             call_id,
@@ -74,7 +75,7 @@ def _decide(login: Login, task_id: str, call_id: str, form: dict[str, str]) -> s
         )
     if decided.replayed:
         return f"Call {call_id} had already been decided: {decided.call.decision}"
-    after_commit(decided)
+    after_commit(effects)
     return f"Call {call_id}: {decision} recorded" + (
         " — the task runs on" if decided.resumed else ""
     )

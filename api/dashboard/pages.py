@@ -5,16 +5,17 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 
 from api.dashboard.auth import PATH, CurrentLogin, OperatorLogin
 from api.dashboard.render import page
-from api.routes.admin import ConcurrencyView, read_concurrency
-from api.routes.admin import view as rate_limit_view
+from shared.actions import limits as limit_actions
+from shared.actions.limits import Concurrency
 from shared.ops import fleet, overview
 from shared.ops.sessions import Login
+from shared.ratelimit.buckets import LimiterUnavailable
 from shared.ratelimit.limits import configured_buckets, tenant_buckets
 from shared.store.db import get_sessionmaker
 
@@ -35,11 +36,11 @@ def rate_limits(login: Login) -> dict[str, Any]:
     """The buckets a session may see, or an ``unavailable`` reason if Redis is down."""
     try:
         if login.operator:
-            return rate_limit_view(configured_buckets())
+            return limit_actions.read_buckets(configured_buckets())
         name = login.principal.tenant_name
-        return rate_limit_view(tenant_buckets(name), scope_prefix=f"tenant:{name}:")
-    except HTTPException as exc:
-        return {"buckets": [], "blocked": [], "unavailable": str(exc.detail)}
+        return limit_actions.read_buckets(tenant_buckets(name), scope_prefix=f"tenant:{name}:")
+    except LimiterUnavailable as exc:
+        return {"buckets": [], "blocked": [], "unavailable": str(exc)}
 
 
 def pressure(limits: dict[str, Any]) -> dict[str, Any]:
@@ -70,9 +71,9 @@ async def rate_limits_page(request: Request, login: CurrentLogin) -> Response:
     return page(request, "ratelimits.html", login, limits=limits, concurrency=concurrency)
 
 
-def _concurrency() -> ConcurrencyView:
+def _concurrency() -> Concurrency:
     with get_sessionmaker()() as session:
-        return read_concurrency(session)
+        return limit_actions.read_concurrency(session)
 
 
 def fleet_summary() -> dict[str, Any] | None:

@@ -17,13 +17,14 @@ from sqlalchemy.orm import Session
 from api.dashboard.auth import PATH, CheckedLogin, CurrentLogin
 from api.dashboard.pages import scope_of
 from api.dashboard.render import page
-from api.routes.tasks import cancel, retry
+from shared.actions import tasks as task_actions
+from shared.actions import webhooks as webhook_actions
+from shared.actions.effects import after_commit
 from shared.agents.registry import get_registry
 from shared.errors import InvalidRequest, NotFound, RatchetError
 from shared.ops import search
 from shared.ops.search import TaskFilter
 from shared.ops.sessions import Login
-from shared.queue import enqueue_deliveries
 from shared.store import checkpoints, ledger
 from shared.store.db import get_sessionmaker
 from shared.store.events import list_events
@@ -110,15 +111,16 @@ def _matching(
 
 def _apply(action: str, targets: list[tuple[str, str]]) -> tuple[int, int]:
     """Cancel or retry each target in its own transaction; (changed, skipped)."""
-    act = cancel if action == "cancel" else retry
+    act = task_actions.cancel if action == "cancel" else task_actions.retry
     changed = 0
     for tenant_id, task_id in targets:
         with get_sessionmaker()() as session:
             try:
-                act(session, tenant_id, task_id)
-                changed += 1
+                _, effects = act(session, tenant_id, task_id)
             except RatchetError:  # it changed state meanwhile (finished, retried elsewhere)
-                pass
+                continue
+        after_commit(effects)
+        changed += 1
     return changed, len(targets) - changed
 
 
@@ -231,10 +233,12 @@ def _act(login: Login, task_id: str, action: str) -> str:
     with get_sessionmaker()() as session:
         with session.begin():
             tenant_id = _task_row(session, login, task_id).tenant_id
+        act = task_actions.cancel if action == "cancel" else task_actions.retry
         try:
-            (cancel if action == "cancel" else retry)(session, tenant_id, task_id)
+            _, effects = act(session, tenant_id, task_id)
         except RatchetError as exc:
             return str(exc)
+    after_commit(effects)
     return "Cancellation requested" if action == "cancel" else "Retried: the task is queued"
 
 
@@ -250,9 +254,9 @@ async def task_action(request: Request, login: CheckedLogin, task_id: str, actio
 
 
 def _redeliver(login: Login, delivery_id: str, tenant_id: str) -> None:
-    with get_sessionmaker()() as session, session.begin():
-        webhook_deliveries.redeliver(session, tenant_id, delivery_id)
-    enqueue_deliveries([delivery_id])
+    with get_sessionmaker()() as session:
+        redelivered = webhook_actions.redeliver(session, tenant_id, delivery_id)
+    after_commit(redelivered.effects)
 
 
 @router.post("/tasks/{task_id}/deliveries/{delivery_id}/redeliver")

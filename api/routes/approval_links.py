@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from api.dashboard.auth import same_origin
 from api.dashboard.render import page
-from api.routes.approvals import after_commit
-from shared.approvals.decisions import decide
+from shared.actions import approvals
+from shared.actions.effects import after_commit
 from shared.approvals.links import LinkRefused, LinkTarget, verify
 from shared.errors import Conflict, NotFound
 from shared.store.db import get_sessionmaker
@@ -60,19 +60,18 @@ async def show(request: Request, token: str) -> Response:
 
 def _decide(target: LinkTarget, decision: str, reason: str | None) -> None:
     with get_sessionmaker()() as session:
-        with session.begin():
-            decided = decide(
-                session,
-                target.task_id,
-                target.call_id,
-                decision=decision,
-                decided_by="link",
-                tenant_id=None,
-                reason=reason,
-            )
-        if decided.replayed:
-            raise Conflict(f"this call was already decided: {decided.call.decision}")
-    after_commit(decided)
+        decided, effects = approvals.decide(
+            session,
+            target.task_id,
+            target.call_id,
+            decision=decision,
+            decided_by="link",
+            tenant_id=None,
+            reason=reason,
+        )
+    if decided.replayed:
+        raise Conflict(f"this call was already decided: {decided.call.decision}")
+    after_commit(effects)
 
 
 @router.post("/approve/{token}", response_class=HTMLResponse)

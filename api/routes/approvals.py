@@ -3,7 +3,6 @@ for one. Scope ``tasks:approve`` (which ``tasks:write`` includes)."""
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 from typing import Any, Literal
 
@@ -12,13 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import Approver, SessionDep
 from api.problems import responses
-from shared import notify
-from shared.approvals.decisions import Decided, decide
-from shared.queue import enqueue_deliveries
-from shared.scheduling.wake import wake
+from shared.actions import approvals
+from shared.actions.effects import after_commit
+from shared.approvals.decisions import Decided
 from shared.views import TaskView, aware, task_view
 
-log = logging.getLogger("ratchet.api")
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
 
@@ -43,17 +40,6 @@ class ApprovalOut(BaseModel):
     reason: str | None
     replayed: bool = Field(description="this decision had been made before: nothing changed")
     task: TaskView
-
-
-def after_commit(decided: Decided) -> None:
-    """Wake readers, send webhooks, and (if the step waits no more) run it."""
-    notify.publish([decided.task.id])
-    try:
-        enqueue_deliveries(decided.deliveries)
-        if decided.resumed:
-            wake()  # the task is back in the backlog: the dispatcher admits it
-    except Exception:
-        log.exception("enqueue failed; the sweeper will retry", extra={"task_id": decided.task.id})
 
 
 def approval_out(decided: Decided) -> ApprovalOut:
@@ -91,18 +77,16 @@ def decide_call(
     different one is a 409. When the step's last waiting call is decided, the task runs on:
     approved calls run once (edited ones with the new arguments), and the model reads each
     rejection with its reason."""
-    with session.begin():
-        decided = decide(
-            session,
-            task_id,
-            call_id,
-            decision=body.decision,
-            decided_by=f"key:{principal.key_id}",
-            tenant_id=principal.tenant_id,
-            arguments=body.arguments,
-            reason=body.reason,
-        )
-        out = approval_out(decided)
-    if not decided.replayed:
-        after_commit(decided)
+    decided, effects = approvals.decide(
+        session,
+        task_id,
+        call_id,
+        decision=body.decision,
+        decided_by=f"key:{principal.key_id}",
+        tenant_id=principal.tenant_id,
+        arguments=body.arguments,
+        reason=body.reason,
+    )
+    out = approval_out(decided)
+    after_commit(effects)
     return out

@@ -18,11 +18,13 @@ from api import params
 from api.deps import Admin, SessionDep, verified_keys
 from api.params import cursor_after
 from api.problems import responses
+from shared.actions import keys as key_actions
+from shared.actions.keys import BeyondReach
 from shared.errors import InvalidRequest
 from shared.settings import get_settings
 from shared.store import tenants
 from shared.store.tables import ApiKey, utcnow
-from shared.store.tenants import MAX_ROTATION_GRACE, OPERATOR, Principal
+from shared.store.tenants import MAX_ROTATION_GRACE, OPERATOR
 from shared.views import aware
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -98,13 +100,6 @@ def _no_operator(scopes: list[str]) -> None:
         raise InvalidRequest("scopes", "the operator scope is granted only by the ratchet CLI")
 
 
-def _not_above(principal: Principal, row: ApiKey) -> None:
-    """A key acts only on keys with no more power than its own: an operator key is beyond a
-    tenant admin's (revoked by an operator, or with the ratchet CLI)."""
-    if OPERATOR in row.scopes and OPERATOR not in principal.scopes:
-        raise HTTPException(403, "an operator key is revoked only by an operator or the CLI")
-
-
 @router.get("", response_model=KeyList, summary="List the tenant's API keys")
 def list_keys(
     principal: Admin,
@@ -139,16 +134,15 @@ def create_key(body: KeyCreate, principal: Admin, session: SessionDep) -> KeyCre
     """A new key for the caller's tenant, shown this once; 409 once the tenant holds
     ``RATCHET_MAX_KEYS_PER_TENANT`` live keys (revoked and expired ones do not count)."""
     _no_operator(body.scopes)
-    with session.begin():
-        row, key = tenants.issue_key(
-            session,
-            principal.tenant_id,
-            scopes=body.scopes,
-            name=body.name,
-            expires_at=body.expiry(),
-            cap=get_settings().max_keys_per_tenant,
-        )
-        return KeyCreated(**_fields(row), key=key)
+    row, key = key_actions.create_key(
+        session,
+        principal.tenant_id,
+        scopes=body.scopes,
+        name=body.name,
+        expires_at=body.expiry(),
+        cap=get_settings().max_keys_per_tenant,
+    )
+    return KeyCreated(**_fields(row), key=key)
 
 
 @router.post(
@@ -166,11 +160,13 @@ def create_key(body: KeyCreate, principal: Admin, session: SessionDep) -> KeyCre
 def revoke_key(key_id: str, principal: Admin, session: SessionDep) -> KeyOut:
     """Revoke the key: the next request that carries it is refused with 401 (on another API
     process, within a second: each remembers a verified key that long)."""
-    with session.begin():
-        _not_above(principal, tenants.get_key(session, principal.tenant_id, key_id))
-        revoked = KeyOut(**_fields(tenants.revoke_key(session, principal.tenant_id, key_id)))
+    operator = OPERATOR in principal.scopes
+    try:
+        row = key_actions.revoke_key(session, principal.tenant_id, key_id, operator=operator)
+    except BeyondReach as exc:
+        raise HTTPException(403, str(exc)) from None
     verified_keys.forget(key_id)
-    return revoked
+    return KeyOut(**_fields(row))
 
 
 @router.post(
@@ -193,10 +189,9 @@ def rotate_key(
     """A new key with the old one's name, scopes and lifetime, shown this once; the old key
     stops working after ``grace_seconds`` (default 0: at once). Only a live key rotates."""
     grace = timedelta(seconds=(body or KeyRotate()).grace_seconds)
-    with session.begin():
-        if OPERATOR in tenants.get_key(session, principal.tenant_id, key_id).scopes:
-            raise HTTPException(403, "an operator key is rotated only with the ratchet CLI")
-        row, key = tenants.rotate_key(session, principal.tenant_id, key_id, grace=grace)
-        created = KeyCreated(**_fields(row), key=key)
+    try:
+        row, key = key_actions.rotate_key(session, principal.tenant_id, key_id, grace=grace)
+    except BeyondReach as exc:
+        raise HTTPException(403, str(exc)) from None
     verified_keys.forget(key_id)
-    return created
+    return KeyCreated(**_fields(row), key=key)

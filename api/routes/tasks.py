@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 import uuid
 from datetime import UTC, datetime
@@ -12,7 +11,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy.orm import Session
 
 from api import params, submission
 from api.deps import Reader, SessionDep, Writer, with_connection
@@ -29,38 +27,20 @@ from api.schemas import (
     ToolCallOut,
 )
 from api.stream_limits import limits
-from shared import notify
+from shared.actions import tasks as task_actions
+from shared.actions.effects import after_commit
+from shared.actions.tasks import Submitted
 from shared.errors import InvalidRequest
 from shared.observability import metrics
-from shared.queue import enqueue_deliveries, enqueue_steps
-from shared.scheduling.wake import wake
 from shared.store import checkpoints, ledger, tasks
 from shared.store.db import get_sessionmaker
 from shared.store.tables import Step, Task, TaskStatus, ToolCall
 from shared.store.tenants import APPROVE, Principal
 from shared.views import TaskView, Usage, aware, task_view
 
-log = logging.getLogger("ratchet.api")
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 MAX_WAIT_SECONDS = 60
 FALLBACK_POLL_SECONDS = 2.0
-
-
-def _after_commit(
-    task: Task, deliveries: list[str], *, run: bool = False, direct: bool = False
-) -> None:
-    """Committed: wake readers, send webhooks, and (``run``) send a ``direct`` task's first
-    step or wake the dispatcher. A down broker: the sweeper sends them later."""
-    notify.publish([task.id])
-    try:
-        if deliveries:
-            enqueue_deliveries(deliveries)
-        if run and direct:
-            enqueue_steps([(task.id, 1)])
-        elif run:
-            wake()
-    except Exception:
-        log.exception("enqueue failed; the sweeper will retry", extra={"task_id": task.id})
 
 
 async def submitted_task(request: Request, _: Writer) -> TaskCreate:
@@ -138,12 +118,12 @@ async def submit_task(
     return task_view(done.task)
 
 
-def _submit(principal: Principal, body: TaskCreate, key: str | None) -> submission.Submitted:
+def _submit(principal: Principal, body: TaskCreate, key: str | None) -> Submitted:
     """The whole submission, its messages sent once it commits: one trip to the thread pool."""
     done = submission.submit(principal.tenant_id, principal.tenant_name, body, key)
     if done.created:
         metrics.tasks_submitted.inc()
-        _after_commit(done.task, done.deliveries, run=True, direct=done.direct)
+        after_commit(done.effects)
     return done
 
 
@@ -257,19 +237,9 @@ def cancel_task(task_id: str, principal: Writer, session: SessionDep) -> TaskVie
     """Cancel now if no worker holds the task; otherwise the step in flight stops waiting on
     its model or tool and cancels the task (``cancel_requested_at`` shows it is pending).
     409 if the task already ended."""
-    return task_view(cancel(session, principal.tenant_id, task_id))
-
-
-def cancel(session: Session, tenant_id: str, task_id: str) -> Task:
-    """Request the cancellation (the API's and the dashboard's), then wake whoever holds the
-    task and send its webhooks."""
-    deliveries: list[str] = []
-    with session.begin():
-        task = tasks.request_cancel(session, tenant_id, task_id, deliveries=deliveries)
-    if task.cancel_requested_at is not None:  # a step is in flight: stop its wait
-        notify.publish_cancel(task.id)
-    _after_commit(task, deliveries)
-    return task
+    task, effects = task_actions.cancel(session, principal.tenant_id, task_id)
+    after_commit(effects)
+    return task_view(task)
 
 
 @router.post(
@@ -281,16 +251,9 @@ def cancel(session: Session, tenant_id: str, task_id: str) -> Task:
 )
 def retry_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
     """A failed task resumes from its last committed step. 409 unless failed."""
-    return task_view(retry(session, principal.tenant_id, task_id))
-
-
-def retry(session: Session, tenant_id: str, task_id: str) -> Task:
-    """``failed → queued`` (the API's and the dashboard's), then ask a worker to run it."""
-    deliveries: list[str] = []
-    with session.begin():
-        task = tasks.requeue_failed(session, tenant_id, task_id, deliveries=deliveries)
-    _after_commit(task, deliveries, run=True)
-    return task
+    task, effects = task_actions.retry(session, principal.tenant_id, task_id)
+    after_commit(effects)
+    return task_view(task)
 
 
 @router.get(

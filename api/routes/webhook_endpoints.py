@@ -5,28 +5,24 @@ fared. Another tenant's endpoint is not found, whatever the key's scopes.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from datetime import datetime
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from api import params
 from api.deps import Admin, SessionDep
 from api.params import cursor_after
 from api.problems import responses
 from api.schemas import DEFAULT_WEBHOOK_EVENTS
-from shared.store import tenants
+from shared.actions import webhooks as webhook_actions
+from shared.actions.webhooks import Endpoint
 from shared.store.events import EVENT_TYPES, EventType
-from shared.store.tables import WebhookEndpoint, utcnow
-from shared.store.tenants import Principal
-from shared.views import aware
-from shared.webhooks import circuits, endpoints
+from shared.webhooks import endpoints
 from shared.webhooks.endpoints import MAX_URL_LENGTH
 
 router = APIRouter(prefix="/v1/webhook-endpoints", tags=["webhook-endpoints"])
-RATES_WINDOW = timedelta(hours=24)
 NOT_FOUND = "no such endpoint (another tenant's is not found either)"
 URL_DESCRIPTION = "https, and a public address unless allow-listed (RATCHET_WEBHOOK_ALLOWED_HOSTS)"
 EVENTS_DESCRIPTION = "the event types it receives of every task of the tenant"
@@ -107,33 +103,9 @@ class EndpointList(BaseModel):
     next_cursor: str | None
 
 
-def _fields(row: WebhookEndpoint) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "url": row.url,
-        "events": list(row.events),
-        "enabled": row.enabled,
-        "disabled_reason": row.disabled_reason,
-        "created_at": aware(row.created_at),
-        "circuit": CircuitOut.model_validate(circuits.circuit_of(row), from_attributes=True),
-    }
-
-
-def _out(session: Session, rows: list[WebhookEndpoint]) -> list[EndpointOut]:
-    """The rows as the API shows them, each with its last 24 hours' deliveries."""
-    rates = endpoints.success_rates(session, [r.id for r in rows], utcnow() - RATES_WINDOW)
-    return [
-        EndpointOut(
-            **_fields(row),
-            deliveries=DeliveryCounts.model_validate(rates[row.id], from_attributes=True),
-        )
-        for row in rows
-    ]
-
-
-def _disabled_by(session: Session, principal: Principal) -> str:
-    key = tenants.get_key(session, principal.tenant_id, principal.key_id)
-    return f"disabled by {key.name or key.id}"
+def _out(endpoint: Endpoint) -> EndpointOut:
+    """The endpoint as the API shows it (``shared.actions.webhooks`` describes it)."""
+    return EndpointOut.model_validate(endpoint, from_attributes=True)
 
 
 @router.get("", response_model=EndpointList, summary="List the tenant's webhook endpoints")
@@ -150,7 +122,7 @@ def list_endpoints(
     after = cursor_after(cursor)
     with session.begin():
         rows = endpoints.list_for(session, principal.tenant_id, after=after, limit=limit + 1)
-        items = _out(session, rows[:limit])
+        items = [_out(e) for e in webhook_actions.describe(session, rows[:limit])]
     more = len(rows) > limit
     return EndpointList(
         items=items, next_cursor=params.encode_cursor(items[-1].id) if more else None
@@ -173,10 +145,10 @@ def create_endpoint(body: EndpointCreate, principal: Admin, session: SessionDep)
     """A new endpoint: from now on it receives the listed events of every task of the tenant
     (running processes see it within 5 s). A tenant has at most
     RATCHET_MAX_WEBHOOK_ENDPOINTS_PER_TENANT endpoints, disabled ones included."""
-    with session.begin():
-        row = endpoints.create(session, principal.tenant_id, url=body.url, events=body.events)
-        [created] = _out(session, [row])
-    return created
+    added = webhook_actions.add_endpoint(
+        session, principal.tenant_id, url=body.url, events=body.events
+    )
+    return _out(added)
 
 
 @router.get(
@@ -188,8 +160,9 @@ def create_endpoint(body: EndpointCreate, principal: Admin, session: SessionDep)
 def get_endpoint(endpoint_id: str, principal: Admin, session: SessionDep) -> EndpointOut:
     """The endpoint, with its last 24 hours' deliveries."""
     with session.begin():
-        [found] = _out(session, [endpoints.get(session, principal.tenant_id, endpoint_id)])
-    return found
+        row = endpoints.get(session, principal.tenant_id, endpoint_id)
+        [found] = webhook_actions.describe(session, [row])
+    return _out(found)
 
 
 @router.patch(
@@ -205,14 +178,16 @@ def update_endpoint(
 ) -> EndpointOut:
     """Change the URL or the events, or disable (``"enabled": false``, its reason naming the
     caller's key) or re-enable it. Disabling one already disabled keeps the first reason."""
-    tenant_id = principal.tenant_id
-    with session.begin():
-        row = endpoints.update(session, tenant_id, endpoint_id, url=body.url, events=body.events)
-        if body.enabled is not None:
-            reason = None if body.enabled else _disabled_by(session, principal)
-            row = endpoints.set_enabled(session, tenant_id, endpoint_id, body.enabled, reason)
-        [updated] = _out(session, [row])
-    return updated
+    changed = webhook_actions.change_endpoint(
+        session,
+        principal.tenant_id,
+        endpoint_id,
+        url=body.url,
+        events=body.events,
+        enabled=body.enabled,
+        by_key=principal.key_id,
+    )
+    return _out(changed)
 
 
 @router.delete(
@@ -224,6 +199,5 @@ def update_endpoint(
 )
 def delete_endpoint(endpoint_id: str, principal: Admin, session: SessionDep) -> Response:
     """Remove the endpoint; its deliveries still queued are not sent."""
-    with session.begin():
-        endpoints.delete(session, principal.tenant_id, endpoint_id)
+    webhook_actions.remove_endpoint(session, principal.tenant_id, endpoint_id)
     return Response(status_code=204)

@@ -12,7 +12,8 @@ from api import params
 from api.deps import Admin, Reader, SessionDep, Writer
 from api.params import cursor_after
 from api.problems import responses
-from shared.queue import enqueue_deliveries
+from shared.actions import webhooks as webhook_actions
+from shared.actions.effects import after_commit
 from shared.settings import get_settings
 from shared.store import tasks
 from shared.views import aware
@@ -117,10 +118,9 @@ def list_deliveries(
 def redeliver(delivery_id: str, principal: Writer, session: SessionDep) -> DeliveryOut:
     """Send the delivery again now, with a fresh retry schedule; answers with the delivery as
     it is (its attempts so far)."""
-    with session.begin():
-        delivery = webhook_deliveries.redeliver(session, principal.tenant_id, delivery_id)
-        out = _out(delivery, webhook_deliveries.attempts_of(session, [delivery_id])[delivery_id])
-    enqueue_deliveries([delivery_id])
+    redelivered = webhook_actions.redeliver(session, principal.tenant_id, delivery_id)
+    out = _out(redelivered.delivery, redelivered.attempts)
+    after_commit(redelivered.effects)
     return out
 
 

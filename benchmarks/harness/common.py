@@ -126,7 +126,7 @@ def new_task(tenant_id: str, script: list[dict[str, Any]]) -> str:
         metadata={},
     )
     with transaction() as session:
-        return create_task(session, tenant_id, spec).id
+        return create_task(session, tenant_id, spec).task.id
 
 
 def drop_tenant(tenant_id: str) -> None:

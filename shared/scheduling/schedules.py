@@ -209,6 +209,7 @@ class Fired:
     schedule_id: str
     tick_ms: int
     task_id: str | None  # None: the tick was skipped (missed, with catch_up "skip")
+    deliveries: list[str] = dataclasses.field(default_factory=list)  # its task.queued's
 
 
 def due(session: Session, *, limit: int = 100) -> list[str]:
@@ -222,12 +223,10 @@ def due(session: Session, *, limit: int = 100) -> list[str]:
     )
 
 
-def fire(
-    session: Session, schedule_id: str, *, grace_ms: int, deliveries: list[str]
-) -> Fired | None:
-    """Fire the schedule's due tick, in the caller's transaction (``deliveries`` gets the
-    webhooks of its task's ``task.queued``); None if it is not due (or another dispatcher
-    fired it first)."""
+def fire(session: Session, schedule_id: str, *, grace_ms: int) -> Fired | None:
+    """Fire the schedule's due tick, in the caller's transaction (the webhooks of its task's
+    ``task.queued`` to be sent once it commits); None if it is not due (or another
+    dispatcher fired it first)."""
     schedule = session.scalar(
         select(Schedule).where(Schedule.id == schedule_id).with_for_update(skip_locked=True)
     )
@@ -244,9 +243,10 @@ def fire(
                 break
             latest, following = following, next_tick(schedule.cron, schedule.timezone, following)
         tick = latest
-    task_id = None
+    task_id: str | None = None
+    deliveries: list[str] = []
     if not missed or schedule.catch_up == "run_once":
-        task_id, created = _submit(session, schedule, tick, deliveries)
+        task_id, created, deliveries = _submit(session, schedule, tick)
         schedule.fired += 1 if created else 0
         schedule.last_fired_ms, schedule.last_task_id = tick, task_id
     else:
@@ -266,19 +266,16 @@ def fire(
     )
     if moved.rowcount != 1:  # type: ignore[attr-defined]
         raise Conflict("the schedule moved on meanwhile")
-    return Fired(schedule.id, tick, task_id)
+    return Fired(schedule.id, tick, task_id, deliveries)
 
 
-def _submit(
-    session: Session, schedule: Schedule, tick_ms: int, deliveries: list[str]
-) -> tuple[str, bool]:
-    """The tick's task (created, or found: the tick fired before), and whether it is new."""
+def _submit(session: Session, schedule: Schedule, tick_ms: int) -> tuple[str, bool, list[str]]:
+    """The tick's task (created, or found: the tick fired before), whether it is new, and the
+    webhook deliveries its creation queued."""
     spec = tasks.NewTask(**{**schedule.body["spec"], "schedule_id": schedule.id})
     key = f"schedule:{schedule.id}:{tick_ms}"
     existing = tasks.find_by_idempotency_key(session, schedule.tenant_id, key)
     if existing is not None:
-        return existing.id, False
-    task = tasks.create_task(
-        session, schedule.tenant_id, spec, idempotency_key=key, deliveries=deliveries
-    )
-    return task.id, True
+        return existing.id, False, []
+    created = tasks.create_task(session, schedule.tenant_id, spec, idempotency_key=key)
+    return created.task.id, True, created.deliveries

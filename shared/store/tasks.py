@@ -37,6 +37,15 @@ from shared.views import task_document
 
 
 @dataclass(frozen=True)
+class Logged:
+    """A change to a task outside a step, as it left the row: the task, and the webhook
+    deliveries its event queued in the outbox (to be sent once the caller commits)."""
+
+    task: Task
+    deliveries: list[str]
+
+
+@dataclass(frozen=True)
 class NewTask:
     agent: str
     model: str
@@ -62,9 +71,8 @@ def create_task(
     *,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
-    deliveries: list[str] | None = None,
     admitted: bool = False,
-) -> Task:
+) -> Logged:
     """Insert a queued task: in the backlog, or (``admitted``, the direct path of
     ``shared.scheduling.gate``) admitted already, its message the caller's to send."""
     task = Task(
@@ -93,8 +101,7 @@ def create_task(
     # (by the database's clock) unless it asked for later.
     deadline_in_ms = int(spec.deadline_seconds * 1000) if spec.deadline_seconds else None
     clock = {"due_at_ms": spec.run_at_ms, "admit": admitted, "deadline_in_ms": deadline_in_ms}
-    _insert(session, task, clock, deliveries)
-    return task
+    return Logged(task, _insert(session, task, clock))
 
 
 # Set by the database's clock as the row goes in (see _insert): read back, not sent.
@@ -107,9 +114,7 @@ _COLUMNS = [
 _inserts: dict[frozenset[str], Any] = {}
 
 
-def _insert(
-    session: Session, task: Task, clock: dict[str, Any], deliveries: list[str] | None
-) -> None:
+def _insert(session: Session, task: Task, clock: dict[str, Any]) -> list[str]:
     """INSERT a new task and its ``task.queued`` event (with its webhooks' outbox rows) as one
     batch (``shared.store.batch``): one statement on PostgreSQL, compiled once per set of
     columns, where the ORM's flush and a second INSERT cost a third of the API's CPU per
@@ -117,7 +122,7 @@ def _insert(
     those it has not (set on ``task`` too); the rest stay SQL NULL. The clock's columns come
     from the database: ``due_ms`` is ``due_at_ms`` or now, ``admitted_ms`` now if ``admit``,
     ``deadline_ms`` now + ``deadline_in_ms``. The task then joins the session as if loaded,
-    every attribute present (none loads again)."""
+    every attribute present (none loads again). Returns the webhook deliveries it queued."""
     state, values = task.__dict__, dict(clock)
     for column, attribute in _COLUMNS:
         if attribute not in state and column.default is not None:
@@ -138,8 +143,7 @@ def _insert(
     task.due_ms, task.admitted_ms, task.deadline_ms = row.due_ms, row.admitted_ms, row.deadline_ms
     make_transient_to_detached(task)
     session.add(task)
-    if deliveries is not None:
-        deliveries.extend(d["id"] for d in batch.deliveries)
+    return [d["id"] for d in batch.deliveries]
 
 
 def _insert_statement(values: dict[str, Any]) -> Any:
@@ -158,23 +162,17 @@ def _at(epoch_ms: int | None) -> datetime | None:
     return None if epoch_ms is None else datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
 
 
-def _log_event(session: Session, task: Task, type_: str, deliveries: list[str] | None) -> None:
+def _log_event(session: Session, task: Task, type_: str) -> Logged:
     """Append one event outside a step (its seq reserved here), with its webhooks."""
     task.last_event_seq += 1
     session.flush()
-    _insert_logged(session, task, type_, deliveries)
-
-
-def _insert_logged(session: Session, task: Task, type_: str, deliveries: list[str] | None) -> None:
-    """Insert the event whose seq the task row reserved last, with its webhooks."""
     queued = insert_events(
         session,
         [(type_, task_document)],
         task=task,
         subscriptions=outbox.subscriptions_for(session, task),
     )
-    if deliveries is not None:
-        deliveries.extend(queued)
+    return Logged(task, queued)
 
 
 def find_by_idempotency_key(session: Session, tenant_id: str, key: str) -> Task | None:
@@ -213,9 +211,7 @@ def list_tasks(
     return rows[:limit], (rows[limit - 1].id if more else None)
 
 
-def request_cancel(
-    session: Session, tenant_id: str, task_id: str, *, deliveries: list[str] | None = None
-) -> Task:
+def request_cancel(session: Session, tenant_id: str, task_id: str) -> Logged:
     """Cancel now if no worker holds the task; otherwise flag it for the worker holding it,
     which the API wakes (see workers.cancels) to stop its step and cancel the task."""
     task = get_task(session, tenant_id, task_id)
@@ -241,8 +237,7 @@ def request_cancel(
         if done.rowcount == 1:  # type: ignore[attr-defined]
             metrics.tasks_finished.labels(status=TaskStatus.CANCELLED).inc()
             session.refresh(task)
-            _log_event(session, task, "task.cancelled", deliveries)
-            return task
+            return _log_event(session, task, "task.cancelled")
     session.execute(
         update(Task)
         .where(Task.id == task_id, Task.status.not_in(TaskStatus.TERMINAL))
@@ -250,12 +245,10 @@ def request_cancel(
         .execution_options(synchronize_session=False)
     )
     session.refresh(task)
-    return task
+    return Logged(task, [])
 
 
-def requeue_failed(
-    session: Session, tenant_id: str, task_id: str, *, deliveries: list[str] | None = None
-) -> Task:
+def requeue_failed(session: Session, tenant_id: str, task_id: str) -> Logged:
     """``failed → queued``: the task resumes from its last committed step."""
     task = get_task(session, tenant_id, task_id)
     done = session.execute(
@@ -277,63 +270,7 @@ def requeue_failed(
     if done.rowcount != 1:  # type: ignore[attr-defined]
         raise Conflict(f"only a failed task can be retried; task {task_id} is {task.status}")
     session.refresh(task)
-    _log_event(session, task, "task.queued", deliveries)
-    return task
-
-
-def lock_task(session: Session, task_id: str, tenant_id: str | None) -> Task:
-    """The task, its row locked till the transaction ends (``tenant_id`` None: whichever
-    tenant's): an UPDATE that changes nothing, so on SQLite the transaction is the writer
-    before it reads anything. NotFound if there is no such task."""
-    query = update(Task).where(Task.id == task_id)
-    if tenant_id is not None:
-        query = query.where(Task.tenant_id == tenant_id)
-    locked = session.execute(query.values(updated_at=Task.updated_at))
-    if locked.rowcount != 1:  # type: ignore[attr-defined]
-        raise NotFound(f"no task {task_id}")
-    task = session.get(Task, task_id, populate_existing=True)
-    assert task is not None
-    return task
-
-
-def record_decision(
-    session: Session, task: Task, call: dict[str, Any], *, pending: dict[str, Any] | None
-) -> list[str]:
-    """A person's (or the deadline's) decision on a call ``task`` waits for, logged as
-    ``step.tool_call`` (``call``); the task locked first (:func:`lock_task`). ``pending``:
-    what still waits (``pending_approval``), or None when this was the step's last: then the
-    task runs again, back in the backlog for the dispatcher to admit its next step. Returns
-    the webhook deliveries its event queued."""
-    if pending is None:
-        task.status, task.pending_approval, task.due_ms = TaskStatus.RUNNING, None, now_ms()
-        task.admitted_ms = None
-    else:
-        task.pending_approval = pending
-    task.updated_at = utcnow()
-    return _log_locked(session, task, "step.tool_call", call)
-
-
-def fail_awaiting(session: Session, task: Task, error: dict[str, Any]) -> list[str]:
-    """End a task that waits for a decision (locked first: :func:`lock_task`) as failed
-    with ``error``. The epoch moves on, so no worker of an old lease can write. Returns the
-    webhook deliveries its ``task.failed`` queued."""
-    for key, value in terminal_values(TaskStatus.FAILED, error=error).items():
-        setattr(task, key, value)
-    task.lease_epoch += 1
-    deliveries = _log_locked(session, task, "task.failed", task_document)
-    metrics.tasks_finished.labels(status=TaskStatus.FAILED).inc()
-    return deliveries
-
-
-def _log_locked(session: Session, task: Task, type_: str, data: Any) -> list[str]:
-    """Write the locked task's changes with one event (its seq reserved with them), read
-    the row back as written, and log the event with its webhooks."""
-    task.last_event_seq += 1
-    session.flush()
-    session.refresh(task)
-    return insert_events(
-        session, [(type_, data)], task=task, subscriptions=outbox.subscriptions_for(session, task)
-    )
+    return _log_event(session, task, "task.queued")
 
 
 def admit_waiting(session: Session, task_ids: Sequence[str]) -> list[tuple[str, int]]:

@@ -159,13 +159,14 @@ def test_a_direct_task_whose_message_never_went_is_sent_by_the_sweeper(
 ) -> None:
     """The API committed the task admitted, then died (or lost the broker) before sending its
     message: the sweeper sends it, as for any admitted task without one."""
-    from api.routes import tasks as task_routes
+    from shared.actions import effects
     from workers import sweeper
 
-    monkeypatch.setattr(task_routes, "enqueue_steps", lambda steps: False)
     with leading(sweep_grace_seconds="1") as dispatcher:
         assert dispatcher.round().spare
-        task = submit(client, tenant)
+        with monkeypatch.context() as lost:  # the API's message only: the sweeper's goes
+            lost.setattr(effects, "enqueue_steps", lambda steps: False)
+            task = submit(client, tenant)
         assert admitted_at_insert(task)
         assert queued() == 0
         time.sleep(1.3)  # past the grace

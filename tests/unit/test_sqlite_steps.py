@@ -60,7 +60,7 @@ def new_task(steps: int) -> str:
             webhook=None,
             metadata={},
         )
-        return create_task(session, tenant.id, spec).id
+        return create_task(session, tenant.id, spec).task.id
 
 
 @pytest.mark.usefixtures("sqlite_env")

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from shared import failpoints, notify
+from shared import failpoints
+from shared.actions import effects
 from shared.errors import CancelRequested
 from shared.store.backends import write_session
 from shared.store.batch import Part
@@ -29,11 +30,15 @@ class TaskEnded(Exception):
 
 
 def after_commit(task_id: str, deliveries: list[str]) -> None:
-    """Once events are committed: send their webhooks and wake their readers. Neither may
-    fail the step: the sweeper re-sends due deliveries, and readers poll as a fallback."""
-    notify.publish([task_id])
-    if deliveries:
-        failpoints.hit("before_webhooks")
+    """Once events are committed: wake their readers and send their webhooks from this
+    process's own sender (``effects.after_commit``). Neither may fail the step: the sweeper
+    re-sends due deliveries, and readers poll as a fallback."""
+    effects.after_commit(effects.of_task(task_id, deliveries), send_webhooks=send_here)
+
+
+def send_here(deliveries: list[str]) -> None:
+    """Hand committed deliveries to this worker process's sending threads."""
+    failpoints.hit("before_webhooks")
     webhook_sender.dispatch(deliveries)
 
 

@@ -1,0 +1,123 @@
+"""What a client (or the dashboard) can do to a task: submit it, cancel it, retry it.
+
+Each is one transaction that returns the task as it left it and the ``Effects`` to send once
+it has committed (``effects.after_commit``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from shared.actions.effects import NONE, Effects, of_task
+from shared.errors import Conflict, IdempotencyMismatch
+from shared.scheduling import caps, gate
+from shared.scheduling import limits as concurrency
+from shared.store import tasks
+from shared.store.backends import commit_each_statement
+from shared.store.db import get_sessionmaker
+from shared.store.tables import Task
+from shared.store.tasks import NewTask
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A submission's outcome: the task, whether this request created it (else it answers a
+    repeat of an earlier request with the same Idempotency-Key), and what to send once
+    committed (nothing for a repeat)."""
+
+    task: Task
+    created: bool
+    effects: Effects = NONE
+
+
+def submit(
+    tenant_id: str,
+    tenant_name: str,
+    spec: NewTask,
+    *,
+    idempotency_key: str | None,
+    request_hash: str,
+) -> Submitted:
+    """Insert ``spec`` as the tenant's queued task, or, for a known Idempotency-Key, find the
+    original (IdempotencyMismatch if its body differs; Conflict while a concurrent request
+    with the key has not committed). Over the tenant's queue cap, refused (``caps.check``).
+
+    One session, and (an uncapped tenant, no key) one statement in autocommit: this is the
+    API's hot path."""
+    with get_sessionmaker()() as session:
+        try:
+            with session.begin():
+                if idempotency_key is None and caps.known_uncapped(tenant_name):
+                    # It counts and locks nothing, and its one write (the task, its event
+                    # and their webhooks) is one statement: no BEGIN and COMMIT round trips.
+                    commit_each_statement(session)
+                existing = idempotency_key and tasks.find_by_idempotency_key(
+                    session, tenant_id, idempotency_key
+                )
+                if existing:
+                    return Submitted(_replay(existing, request_hash), created=False)
+                caps.check(session, tenant_id, tenant_name)
+                admitted = direct(session, tenant_name, spec)
+                logged = tasks.create_task(
+                    session,
+                    tenant_id,
+                    spec,
+                    idempotency_key=idempotency_key,
+                    request_hash=request_hash,
+                    admitted=admitted,
+                )
+            return Submitted(logged.task, created=True, effects=_submitted(logged, admitted))
+        except IntegrityError:
+            # A concurrent request with the same key committed first.
+            assert idempotency_key is not None
+            with session.begin():
+                existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
+            if existing is None:
+                raise Conflict("a request with this Idempotency-Key is in progress") from None
+            return Submitted(_replay(existing, request_hash), created=False)
+
+
+def _submitted(logged: tasks.Logged, admitted: bool) -> Effects:
+    """A new task's readers and webhooks, and its first step sent (``admitted``, the direct
+    path) or the dispatcher woken to admit it."""
+    task_id = logged.task.id
+    effects = of_task(task_id, logged.deliveries, wake=not admitted)
+    return effects + Effects(steps=((task_id, 1),)) if admitted else effects
+
+
+def _replay(existing: Task, request_hash: str) -> Task:
+    if existing.request_hash != request_hash:
+        raise IdempotencyMismatch
+    return existing
+
+
+def direct(session: Session, tenant: str, spec: NewTask) -> bool:
+    """Whether the task skips the backlog (``shared.scheduling.gate``): due now, under no
+    concurrency limit (only the dispatcher counts slots), and a slot taken from the gate."""
+    if spec.run_at_ms is not None:
+        return False
+    if concurrency.cached(session).governs(tenant=tenant, agent=spec.agent, model=spec.model):
+        return False
+    return gate.take_slot()
+
+
+def cancel(session: Session, tenant_id: str, task_id: str) -> tuple[Task, Effects]:
+    """Cancel now if no worker holds the task, else flag it and stop the step in flight
+    (NotFound, or Conflict once it has ended)."""
+    with session.begin():
+        logged = tasks.request_cancel(session, tenant_id, task_id)
+    task = logged.task
+    effects = of_task(task.id, logged.deliveries)
+    if task.cancel_requested_at is not None:  # a step is in flight: stop its wait
+        effects += Effects(cancels=(task.id,))
+    return task, effects
+
+
+def retry(session: Session, tenant_id: str, task_id: str) -> tuple[Task, Effects]:
+    """``failed → queued``: back in the backlog, to resume from its last committed step
+    (NotFound, or Conflict unless it failed); the dispatcher is woken to admit it."""
+    with session.begin():
+        logged = tasks.requeue_failed(session, tenant_id, task_id)
+    return logged.task, of_task(logged.task.id, logged.deliveries, wake=True)
