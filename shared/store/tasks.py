@@ -273,6 +273,61 @@ def requeue_failed(session: Session, tenant_id: str, task_id: str) -> Logged:
     return _log_event(session, task, "task.queued")
 
 
+def lock_task(session: Session, task_id: str, tenant_id: str | None) -> Task:
+    """The task, its row locked till the transaction ends (``tenant_id`` None: whichever
+    tenant's): an UPDATE that changes nothing, so on SQLite the transaction is the writer
+    before it reads anything. NotFound if there is no such task."""
+    query = update(Task).where(Task.id == task_id)
+    if tenant_id is not None:
+        query = query.where(Task.tenant_id == tenant_id)
+    locked = session.execute(query.values(updated_at=Task.updated_at))
+    if locked.rowcount != 1:  # type: ignore[attr-defined]
+        raise NotFound(f"no task {task_id}")
+    task = session.get(Task, task_id, populate_existing=True)
+    assert task is not None
+    return task
+
+
+def record_decision(
+    session: Session, task: Task, call: dict[str, Any], *, pending: dict[str, Any] | None
+) -> list[str]:
+    """A person's (or the deadline's) decision on a call ``task`` waits for, logged as
+    ``step.tool_call`` (``call``); the task locked first (:func:`lock_task`). ``pending``:
+    what still waits (``pending_approval``), or None when this was the step's last: then the
+    task runs again, back in the backlog for the dispatcher to admit its next step. Returns
+    the webhook deliveries its event queued."""
+    if pending is None:
+        task.status, task.pending_approval, task.due_ms = TaskStatus.RUNNING, None, now_ms()
+        task.admitted_ms = None
+    else:
+        task.pending_approval = pending
+    task.updated_at = utcnow()
+    return _log_locked(session, task, "step.tool_call", call)
+
+
+def fail_awaiting(session: Session, task: Task, error: dict[str, Any]) -> list[str]:
+    """End a task that waits for a decision (locked first: :func:`lock_task`) as failed
+    with ``error``. The epoch moves on, so no worker of an old lease can write. Returns the
+    webhook deliveries its ``task.failed`` queued."""
+    for key, value in terminal_values(TaskStatus.FAILED, error=error).items():
+        setattr(task, key, value)
+    task.lease_epoch += 1
+    deliveries = _log_locked(session, task, "task.failed", task_document)
+    metrics.tasks_finished.labels(status=TaskStatus.FAILED).inc()
+    return deliveries
+
+
+def _log_locked(session: Session, task: Task, type_: str, data: Any) -> list[str]:
+    """Write the locked task's changes with one event (its seq reserved with them), read
+    the row back as written, and log the event with its webhooks."""
+    task.last_event_seq += 1
+    session.flush()
+    session.refresh(task)
+    return insert_events(
+        session, [(type_, data)], task=task, subscriptions=outbox.subscriptions_for(session, task)
+    )
+
+
 def admit_waiting(session: Session, task_ids: Sequence[str]) -> list[tuple[str, int]]:
     """Admit those of ``task_ids`` still waiting in the backlog (runnable, not admitted):
     each due now and holding its slots, in one statement; (task, step) for each admitted,
