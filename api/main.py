@@ -21,15 +21,15 @@ from api.event_hub import hub
 from api.params import reject_nul
 from api.problems import REASONS, Problem, responses
 from api.routes import (
-    admin,
     agents,
-    approval_links,
     approvals,
     events,
     fleet,
     health,
     keys,
+    limits,
     overview,
+    schedules,
     tasks,
     webhook_endpoints,
     webhooks,
@@ -170,18 +170,15 @@ def create_app() -> FastAPI:
         approvals,
         webhooks,
         agents,
-        admin,
+        limits,
         keys,
         webhook_endpoints,
         fleet,
         overview,
+        schedules,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
-    app.include_router(
-        admin.schedule_router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)]
-    )
     app.include_router(health.router, responses=ANY_REQUEST)
-    app.include_router(approval_links.router)  # pages without a key: the link is the credential
     app.add_api_route("/", _root, include_in_schema=False)
     favicon.install(app)
     docs_pages.install(app)

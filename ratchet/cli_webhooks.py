@@ -4,7 +4,7 @@ the database (the operator's tools; a tenant admin manages its endpoints over HT
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -21,7 +21,6 @@ webhooks = typer.Typer(no_args_is_help=True, help="Webhook secrets and endpoints
 
 TenantOption = Annotated[str, typer.Option(help="tenant name")]
 EndpointArgument = Annotated[str, typer.Argument(help="the endpoint's id (see `webhooks list`)")]
-RATES_WINDOW = timedelta(hours=24)
 
 
 @webhooks.command("secret")
@@ -67,29 +66,21 @@ def _invalid(exc: Exception) -> typer.Exit:
 
 
 def _endpoint_json(row: WebhookEndpoint, session: Session) -> dict[str, Any]:
-    """The endpoint as ``GET /v1/webhook-endpoints/{id}`` shows it, with its tenant's id."""
-    from shared.store.tables import utcnow
-    from shared.views import aware
-    from shared.webhooks import circuits, endpoints
+    """The endpoint as every front door describes it (``GET /v1/webhook-endpoints/{id}``
+    too: ``shared.actions.webhooks``), with its tenant's id."""
+    from dataclasses import asdict
 
-    [rates] = endpoints.success_rates(session, [row.id], utcnow() - RATES_WINDOW).values()
-    created_at = aware(row.created_at)
-    circuit = circuits.circuit_of(row)
-    return {
-        "id": row.id,
-        "tenant_id": row.tenant_id,
-        "url": row.url,
-        "events": list(row.events),
-        "enabled": row.enabled,
-        "disabled_reason": row.disabled_reason,
-        "created_at": created_at.isoformat() if created_at else None,
-        "deliveries": vars(rates),
-        "circuit": {
-            "state": circuit.state,
-            "consecutive_failures": circuit.consecutive_failures,
-            "until": circuit.until.isoformat() if circuit.until else None,
-        },
-    }
+    from shared.actions.webhooks import describe
+
+    [endpoint] = describe(session, [row])
+    described = asdict(endpoint)
+    described["created_at"] = _iso(endpoint.created_at)
+    described["circuit"]["until"] = _iso(endpoint.circuit.until)
+    return described
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
 
 
 EventOption = Annotated[

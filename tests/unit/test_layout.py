@@ -39,6 +39,26 @@ def test_import_direction(package: str) -> None:
     assert offenders == []
 
 
+# The front doors — the HTTP routes, the dashboard's pages, the CLI — call the actions
+# (shared/actions/) and never reach into one another.
+FRONT_DOORS = {
+    "api/dashboard": ("api.routes",),
+    "api/routes": ("api.dashboard",),
+    "ratchet": ("api.routes",),
+}
+
+
+@pytest.mark.parametrize("door", sorted(FRONT_DOORS))
+def test_front_doors_do_not_import_one_another(door: str) -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / door).rglob("*.py"))
+        for module in imported_modules(path)
+        if module.startswith(FRONT_DOORS[door])
+    ]
+    assert offenders == []
+
+
 # The benchmarks belong to a checkout's dev install, outside the wheel and the image: no
 # product module imports them but ``ratchet bench``'s loader, when that command runs.
 BENCHMARKS_LOADER = ("ratchet/cli.py", "load_benchmarks")
