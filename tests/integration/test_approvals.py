@@ -465,8 +465,8 @@ def test_a_webhook_carries_an_approval_link_only_when_the_operator_opts_in(
         task_id = start(client, tenant, [WIRE, DONE], webhook=hook)
         assert drive(task_id) == "awaiting_approval"
         assert len(held) == 1
-        for delivery_id in held:
-            webhook_sender.deliver(delivery_id)
+        for delivery_id in list(held):
+            webhook_sender.attempt(delivery_id)  # sent here, on this thread
         [request] = receiver.wait_for(1)
     body = request.json()
     assert body["type"] == "task.awaiting_approval"
