@@ -188,3 +188,46 @@ def test_only_the_transport_settings_and_the_dev_runner_ask_whether_embedded() -
 def test_only_the_transport_makes_redis_clients() -> None:
     clients = {"from_url", "Redis", "StrictRedis"}
     assert outside(MAKES_REDIS_CLIENTS, clients, called=True) == []
+
+
+# The kind of database is decided once, by the store's backends: no other module asks which
+# it is (the settings check a URL's scheme; the tables name PostgreSQL's JSONB, as the
+# migrations do).
+KNOWS_THE_DATABASE = ("shared/store/backends/", "shared/settings.py", "shared/store/tables.py")
+
+
+def test_only_the_store_backends_ask_which_database_it_is() -> None:
+    asks = outside(KNOWS_THE_DATABASE, {"dialect"}, called=False)
+    asks += outside(KNOWS_THE_DATABASE, {"get_backend_name"}, called=True)
+    asks += [
+        f"{where} imports {module}"
+        for path in product_modules()
+        if not (where := str(path.relative_to(ROOT))).startswith(KNOWS_THE_DATABASE)
+        for module in imported_modules(path)
+        if module.startswith("sqlalchemy.dialects")
+    ]
+    assert asks == []
+
+
+def updates_of_the_task_row(path: Path) -> list[int]:
+    """The lines where a module builds an UPDATE of the task table (``update(Task)``)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", "")) == "update"
+        and node.args
+        and getattr(node.args[0], "id", "") in {"Task", "TASKS"}
+    ]
+
+
+def test_only_the_store_updates_the_task_row() -> None:
+    """One write path per row type: whoever changes a task says what happened through the
+    store's operations (shared/store/tasks.py, leases.py, writes.py), which own its columns."""
+    elsewhere = [
+        f"{where}:{line}"
+        for path in product_modules()
+        if not (where := str(path.relative_to(ROOT))).startswith("shared/store/")
+        for line in updates_of_the_task_row(path)
+    ]
+    assert elsewhere == []
