@@ -195,7 +195,7 @@ class Ratchet:
         from sqlalchemy.dialects.postgresql import ARRAY
 
         from shared.store.db import transaction
-        from shared.store.tables import Task, TaskStatus
+        from shared.store.tables import TERMINAL_STATUSES, Task, in_order
 
         if self._submitting is not None:
             if not self._submitting.done():
@@ -207,7 +207,7 @@ class Ratchet:
             return True
         ended = select(Task.id).where(
             Task.id == any_(cast(list(self._pending), ARRAY(String))),
-            Task.status.in_(TaskStatus.TERMINAL),
+            Task.status.in_(in_order(TERMINAL_STATUSES)),
         )
         with transaction() as session:
             self._pending.difference_update(session.scalars(ended))

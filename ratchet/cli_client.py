@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ratchet.console import api_client, err, fail, print_json
+from shared.approvals.decisions import Decision
+from shared.store.tables import TERMINAL_STATUSES, TaskStatus
 
 if TYPE_CHECKING:
     from ratchet.client import Client, Event
 
 tasks = typer.Typer(no_args_is_help=True, help="Read and act on tasks over HTTP.")
 DATA_COLUMN = " " * 28  # the width of an event line's seq and type
-DECIDED = {"approve": "approved", "edit": "edited", "reject": "rejected"}
+DECIDED = {Decision.APPROVE: "approved", Decision.EDIT: "edited", Decision.REJECT: "rejected"}
 
 
 def tail(task_id: str, after: int = 0) -> None:
@@ -55,7 +57,7 @@ def format_waiting_call(task_id: str, call: dict[str, Any]) -> str:
 def format_decision(data: dict[str, Any]) -> str:
     verb = DECIDED.get(data["decision"], data["decision"])
     told = f"call {data['call_id']} {data['name']} {verb} by {data['decided_by']}"
-    if data["decision"] == "edit":
+    if data["decision"] == Decision.EDIT:
         told += f" to {json.dumps(data['arguments'])}"
     return f"{told}: {data['reason']}" if data.get("reason") else told
 
@@ -75,7 +77,9 @@ def approve(
     if reject and edit is not None:
         raise fail("--reject and --edit are mutually exclusive")
     arguments = parse_arguments(edit) if edit is not None else None
-    choice = "reject" if reject else "edit" if arguments is not None else "approve"
+    choice = (
+        Decision.REJECT if reject else Decision.EDIT if arguments is not None else Decision.APPROVE
+    )
     with api_client() as client:
         print_json(
             client.approve(task_id, call_id, decision=choice, arguments=arguments, reason=reason)
@@ -124,7 +128,7 @@ def submit(
         if wait:
             task = wait_for(client, task)
     print_json(task)
-    if wait and task["status"] != "succeeded":
+    if wait and task["status"] != TaskStatus.SUCCEEDED:
         raise typer.Exit(1)
 
 
@@ -158,15 +162,12 @@ def wait_for(client: Client, task: dict[str, Any]) -> dict[str, Any]:
     task_id = task["id"]
     err(f"submitted task {task_id}; waiting for it to finish")
     try:
-        while task["status"] not in TERMINAL:
+        while task["status"] not in TERMINAL_STATUSES:
             task = client.get(task_id, wait=30)
     except KeyboardInterrupt:
         err(f"stopped waiting; task {task_id} goes on. Follow it with: ratchet tail {task_id}")
         raise typer.Exit(130) from None
     return task
-
-
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 @tasks.command("get")

@@ -25,10 +25,11 @@ from typing import Any
 
 import httpx
 
+from shared.approvals.decisions import Decision
+from shared.store.tables import TERMINAL_STATUSES
 from shared.webhooks.signing import WebhookVerificationError, verify
 
 __all__ = ["Client", "Event", "RatchetAPIError", "WebhookVerificationError", "verify_webhook"]
-TERMINAL = ("succeeded", "failed", "cancelled")
 SCHEDULES_PAGE = 100  # schedules asked for at a time (the API's most)
 
 
@@ -188,11 +189,13 @@ class Client:
         reason: str | None = None,
     ) -> dict[str, Any]:
         """Approve a waiting call to run with ``arguments`` instead of the model's."""
-        return self.approve(task_id, call_id, decision="edit", arguments=arguments, reason=reason)
+        return self.approve(
+            task_id, call_id, decision=Decision.EDIT, arguments=arguments, reason=reason
+        )
 
     def reject(self, task_id: str, call_id: str, *, reason: str | None = None) -> dict[str, Any]:
         """Reject a waiting call: it never runs, and the model reads ``reason``."""
-        return self.approve(task_id, call_id, decision="reject", reason=reason)
+        return self.approve(task_id, call_id, decision=Decision.REJECT, reason=reason)
 
     def steps(self, task_id: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -260,7 +263,7 @@ class Client:
         while True:
             left = deadline - time.monotonic()
             task = self.get(task_id, wait=max(1.0, min(60.0, left)))
-            if task["status"] in TERMINAL:
+            if task["status"] in TERMINAL_STATUSES:
                 return task
             if left <= 0:
                 raise TimeoutError(f"task {task_id} is still {task['status']}")

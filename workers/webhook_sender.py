@@ -40,6 +40,7 @@ from shared.queue import enqueue_deliveries
 from shared.settings import get_settings
 from shared.store import outbox
 from shared.store.db import transaction
+from shared.store.outbox import DeliveryStatus
 from shared.store.tables import WebhookDelivery, utcnow
 from shared.webhooks import circuits
 from shared.webhooks import deliveries as webhook_deliveries
@@ -303,7 +304,7 @@ def attempt(delivery_id: str) -> str | None:
         disabled = webhook_deliveries.target_disabled(session, delivery)
         if disabled:
             webhook_deliveries.mark_disabled(session, delivery, disabled)
-            return outbox.DISABLED
+            return DeliveryStatus.DISABLED
         held_until = _circuit_hold(session, delivery)
         if held_until is None:
             secrets = webhook_secrets.signing(session, delivery.tenant_id)
@@ -340,7 +341,7 @@ def _send_and_record(delivery: WebhookDelivery, secrets: list[str]) -> str:
             webhook_deliveries.fail_permanently(
                 session, delivery, f"refused by the egress policy: {exc}"
             )
-        return outbox.FAILED
+        return DeliveryStatus.FAILED
     result = send(delivery, destination, secrets)
     with transaction() as session:
         status, delay = webhook_deliveries.record_attempt(

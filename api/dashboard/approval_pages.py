@@ -18,7 +18,7 @@ from api.dashboard.pages import scope_of
 from api.dashboard.render import page
 from shared.actions import approvals
 from shared.actions.effects import after_commit
-from shared.approvals.decisions import DECISIONS
+from shared.approvals.decisions import Decision
 from shared.errors import InvalidRequest, RatchetError
 from shared.ops import search
 from shared.ops.sessions import Login
@@ -58,9 +58,9 @@ def _arguments(text: str) -> dict[str, Any]:
 
 def _decide(login: Login, task_id: str, call_id: str, form: dict[str, str]) -> str:
     decision = form.get("decision", "")
-    if decision not in DECISIONS:
+    if decision not in tuple(Decision):
         raise InvalidRequest("decision", "approve, edit or reject")
-    arguments = _arguments(form.get("arguments", "")) if decision == "edit" else None
+    arguments = _arguments(form.get("arguments", "")) if decision == Decision.EDIT else None
     tenant_id = scope_of(login)
     with get_sessionmaker()() as session:
         decided, effects = approvals.decide(

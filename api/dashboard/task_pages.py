@@ -28,7 +28,7 @@ from shared.ops.sessions import Login
 from shared.store import checkpoints, ledger
 from shared.store.db import get_sessionmaker
 from shared.store.events import list_events
-from shared.store.tables import Step, Task, TaskStatus, utcnow
+from shared.store.tables import TERMINAL_STATUSES, Step, Task, TaskStatus, utcnow
 from shared.views import aware
 from shared.webhooks import deliveries as webhook_deliveries
 
@@ -94,7 +94,7 @@ async def tasks_page(
 
 
 def _lists() -> dict[str, Any]:
-    return {"states": TaskStatus.ALL, "agents": sorted(get_registry().agents)}
+    return {"states": tuple(TaskStatus), "agents": sorted(get_registry().agents)}
 
 
 def _matching(
@@ -189,7 +189,7 @@ def _task(login: Login, task_id: str) -> dict[str, Any]:
         "bars": waterfall(task, steps),
         "events": events,
         "deliveries": [(d, attempts.get(d.id, [])) for d in deliveries],
-        "terminal": task.status in TaskStatus.TERMINAL,
+        "terminal": task.status in TERMINAL_STATUSES,
         "step_status": checkpoints.status,  # derived, not stored (nor is a call's key)
         "call_key": ledger.idempotency_key,
     }

@@ -34,7 +34,7 @@ from shared.errors import InvalidRequest
 from shared.observability import metrics
 from shared.store import checkpoints, ledger, tasks
 from shared.store.db import get_sessionmaker
-from shared.store.tables import Step, Task, TaskStatus, ToolCall
+from shared.store.tables import TERMINAL_STATUSES, Step, Task, TaskStatus, ToolCall
 from shared.store.tenants import APPROVE, Principal
 from shared.views import TaskView, Usage, aware, task_view
 
@@ -179,7 +179,7 @@ async def _long_poll(
             task = await run_in_threadpool(_read_task, tenant_id, task_id)
             left = deadline - time.monotonic()
             # A stopping process answers at once with what it has: a long poll may end early.
-            if task.status in TaskStatus.TERMINAL or left <= 0 or hub.closing:
+            if task.status in TERMINAL_STATUSES or left <= 0 or hub.closing:
                 return task_view(task, approval_links=approval_links)
             # A wake-up says "look again"; the timeout is only the fallback if one is lost.
             with contextlib.suppress(TimeoutError):
@@ -194,7 +194,7 @@ def list_tasks(
         str | None,
         Query(
             description="only tasks in this state",
-            json_schema_extra={"enum": list(TaskStatus.ALL)},
+            json_schema_extra={"enum": [status.value for status in TaskStatus]},
         ),
     ] = None,
     agent: Annotated[str | None, Query(max_length=200, description="only this agent's")] = None,
@@ -204,8 +204,8 @@ def list_tasks(
     ] = None,
 ) -> TaskList:
     """The tenant's tasks, a page at a time (keyset pagination: follow ``next_cursor``)."""
-    if status is not None and status not in TaskStatus.ALL:
-        raise InvalidRequest("status", f"must be one of {', '.join(TaskStatus.ALL)}")
+    if status is not None and status not in tuple(TaskStatus):
+        raise InvalidRequest("status", f"must be one of {', '.join(TaskStatus)}")
     after = _decode_task_cursor(cursor)
     with session.begin():
         rows, last = tasks.list_tasks(

@@ -95,10 +95,12 @@ def require_no_backlog() -> None:
     from sqlalchemy import func, select
 
     from shared.store.db import transaction
-    from shared.store.tables import Task, TaskStatus
+    from shared.store.tables import RUNNABLE_STATUSES, Task, in_order
 
     with transaction() as session:
-        count = session.scalar(select(func.count()).where(Task.status.in_(TaskStatus.RUNNABLE)))
+        count = session.scalar(
+            select(func.count()).where(Task.status.in_(in_order(RUNNABLE_STATUSES)))
+        )
     if count:
         typer.echo(
             f"the database holds {count} queued or running tasks, which this benchmark's worker "

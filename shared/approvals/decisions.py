@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import func, select
@@ -18,11 +19,18 @@ from sqlalchemy.orm import Session
 
 from shared.agents.registry import get_registry
 from shared.errors import Conflict, InvalidRequest, NotFound, ToolArgumentsInvalid
-from shared.store import ledger, tasks
+from shared.store import tasks
 from shared.store.db import now_ms
+from shared.store.ledger import CallStatus
 from shared.store.tables import Task, TaskStatus, ToolCall, utcnow
 
-DECISIONS = ("approve", "edit", "reject")
+
+class Decision(StrEnum):
+    """What a person (or the deadline's policy) decided about a waiting call."""
+
+    APPROVE = "approve"
+    EDIT = "edit"  # run it with the person's arguments instead of the model's
+    REJECT = "reject"
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,7 @@ class Decided:
 
 
 def _same(call: ToolCall, decision: str, arguments: dict[str, Any] | None) -> bool:
-    return call.decision == decision and (decision != "edit" or arguments == call.arguments)
+    return call.decision == decision and (decision != Decision.EDIT or arguments == call.arguments)
 
 
 def _checked(call: ToolCall, arguments: dict[str, Any] | None) -> dict[str, Any]:
@@ -67,12 +75,12 @@ def decide(
     """Record ``decision`` on the waiting call (``tenant_id`` None: the deadline's, for any
     tenant). NotFound if no such call waits; Conflict if it was decided otherwise or its task
     no longer waits (cancelled, timed out); InvalidRequest for an edit its tool refuses."""
-    assert decision in DECISIONS
+    assert decision in tuple(Decision)
     task = tasks.lock_task(session, task_id, tenant_id)
     call = session.scalar(
         select(ToolCall).where(ToolCall.task_id == task_id, ToolCall.call_id == call_id)
     )
-    if call is None or (call.decision is None and call.status != ledger.AWAITING):
+    if call is None or (call.decision is None and call.status != CallStatus.AWAITING):
         raise NotFound(f"no call {call_id} of task {task_id} waits for a decision")
     if call.decision is not None:
         if _same(call, decision, arguments):
@@ -80,7 +88,7 @@ def decide(
         raise Conflict(f"call {call_id} was already decided: {call.decision} by {call.decided_by}")
     if task.status != TaskStatus.AWAITING_APPROVAL:
         raise Conflict(f"task {task_id} is {task.status}: its calls no longer wait")
-    if decision == "edit":
+    if decision == Decision.EDIT:
         call.original_arguments, call.arguments = call.arguments, _checked(call, arguments)
     call.decision, call.decided_by, call.decision_reason = decision, decided_by, reason
     call.decided_at = utcnow()
@@ -97,7 +105,7 @@ def _still_pending(session: Session, task: Task, decided: ToolCall) -> dict[str,
         select(ToolCall.call_id).where(
             ToolCall.task_id == task.id,
             ToolCall.step_number == decided.step_number,
-            ToolCall.status == ledger.AWAITING,
+            ToolCall.status == CallStatus.AWAITING,
             ToolCall.decision.is_(None),
         )
     ).all()
@@ -121,7 +129,8 @@ def _event(call: ToolCall) -> dict[str, Any]:
     }
 
 
-TIMEOUT_DECISIONS = {"reject": "reject", "approve": "approve"}
+# The deadline's policies that decide the call (the other one, "fail", fails the task).
+TIMEOUT_DECISIONS = {"reject": Decision.REJECT, "approve": Decision.APPROVE}
 
 
 def due(session: Session, *, limit: int = 500) -> Sequence[tuple[str, str, str]]:
@@ -131,7 +140,7 @@ def due(session: Session, *, limit: int = 500) -> Sequence[tuple[str, str, str]]
         select(ToolCall.task_id, ToolCall.call_id, ToolCall.approval_on_timeout)
         .join(Task, Task.id == ToolCall.task_id)
         .where(
-            ToolCall.status == ledger.AWAITING,
+            ToolCall.status == CallStatus.AWAITING,
             ToolCall.decision.is_(None),
             ToolCall.approval_deadline_ms <= now_ms(),
             Task.status == TaskStatus.AWAITING_APPROVAL,

@@ -29,6 +29,8 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
+from shared.store.tables import TaskStatus
+
 TRACER = "ratchet"
 _forced: ContextVar[tuple[int, int] | None] = ContextVar("ratchet_forced_ids", default=None)
 
@@ -125,7 +127,7 @@ def end_task(
         )
     finally:
         _forced.reset(token)
-    if status != "succeeded":
+    if status != TaskStatus.SUCCEEDED:
         span.set_status(trace.StatusCode.ERROR, status)
     span.end()
 

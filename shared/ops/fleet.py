@@ -31,7 +31,7 @@ from shared.errors import RatchetError
 from shared.queue import oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 from shared.store.db import now_ms
-from shared.store.tables import Task, TaskStatus
+from shared.store.tables import RUNNABLE_STATUSES, Task, in_order
 from shared.transport import Transport, TransportUnavailable, get_transport
 
 log = logging.getLogger("ratchet.fleet")
@@ -238,7 +238,7 @@ def oldest_runnable_task(session: Session) -> RunnableTask | None:
     clock = int(session.scalar(select(now_ms())) or 0)
     unleased = Task.lease_expires_ms.is_(None) | (Task.lease_expires_ms < clock)
     found = []
-    for status in TaskStatus.RUNNABLE:
+    for status in in_order(RUNNABLE_STATUSES):
         row = session.execute(
             select(Task.id, Task.status, Task.due_ms, Task.lease_expires_ms)
             .where(Task.status == status, Task.due_ms.is_not(None), unleased)

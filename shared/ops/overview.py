@@ -20,8 +20,16 @@ from sqlalchemy.orm import Session
 
 from shared.ops import search
 from shared.store.backends import backend_of, plan_with_values
-from shared.store.outbox import DISABLED, FAILED
-from shared.store.tables import Step, Task, TaskStatus, WebhookDelivery, utcnow
+from shared.store.outbox import DeliveryStatus
+from shared.store.tables import (
+    TERMINAL_STATUSES,
+    Step,
+    Task,
+    TaskStatus,
+    WebhookDelivery,
+    in_order,
+    utcnow,
+)
 from shared.views import aware
 
 ACTIVE = (TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.AWAITING_APPROVAL)
@@ -108,7 +116,7 @@ def series(
     end = math.floor(utcnow().timestamp() / bucket_seconds)
     rows = {
         n: {"start": datetime.fromtimestamp(n * bucket_seconds, since.tzinfo), "submitted": 0}
-        | dict.fromkeys(TaskStatus.TERMINAL, 0)
+        | dict.fromkeys(in_order(TERMINAL_STATUSES), 0)
         for n in range(start, end + 1)
     }
     created = func.floor(epoch(Task.created_at) / bucket_seconds).label("bucket")
@@ -160,7 +168,8 @@ def webhook_failures(session: Session, tenant_id: str | None, *, since: datetime
     """Webhook deliveries created since ``since`` that failed for good or were dropped
     because their endpoint was disabled."""
     query = select(func.count()).where(
-        WebhookDelivery.status.in_((FAILED, DISABLED)), WebhookDelivery.created_at >= since
+        WebhookDelivery.status.in_((DeliveryStatus.FAILED, DeliveryStatus.DISABLED)),
+        WebhookDelivery.created_at >= since,
     )
     if tenant_id is not None:
         query = query.where(WebhookDelivery.tenant_id == tenant_id)
@@ -174,7 +183,7 @@ def overview(session: Session, tenant_id: str | None, *, window: str = "24h") ->
     since = utcnow() - span
     rows = finished(session, tenant_id, since=since)
     names = search.tenant_names(session, [r.tenant_id for r in rows])
-    states = dict.fromkeys(TaskStatus.ALL, 0) | active(session, tenant_id)
+    states = dict.fromkeys(TaskStatus, 0) | active(session, tenant_id)
     for row in rows:
         states[row.status] += row.n
     return {

@@ -34,8 +34,8 @@ class TaskFilter:
     id: str | None = None
 
     def __post_init__(self) -> None:
-        if self.status and self.status not in TaskStatus.ALL:
-            raise InvalidRequest("status", f"is one of {', '.join(TaskStatus.ALL)}")
+        if self.status and self.status not in tuple(TaskStatus):
+            raise InvalidRequest("status", f"is one of {', '.join(TaskStatus)}")
         if self.metadata and ":" not in self.metadata:
             raise InvalidRequest("metadata", "filter as key:value")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, cast
 
 from sqlalchemy import Table, select
@@ -20,8 +21,14 @@ from shared.store.leases import Lease
 from shared.store.tables import Step, ToolCall, utcnow
 
 _STEPS = cast(Table, Step.__table__)
-MODEL_RESPONDED = "model_responded"
-COMPLETED = "completed"
+
+
+class StepStatus(StrEnum):
+    """A step's status, derived from its row (not stored): the model answered, then it
+    completed."""
+
+    MODEL_RESPONDED = "model_responded"
+    COMPLETED = "completed"
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ def completion(lease: Lease) -> Change:
     return Change(_STEPS, {"number": lease.step}, {"completed_at": utcnow()})
 
 
-def status(step: Step) -> str:
+def status(step: Step) -> StepStatus:
     """``completed`` once its tools have all run (a final answer's step at once), else
     ``model_responded``: the completion time says it, so no status is stored."""
-    return COMPLETED if step.completed_at is not None else MODEL_RESPONDED
+    return StepStatus.COMPLETED if step.completed_at is not None else StepStatus.MODEL_RESPONDED

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from shared.store import outbox
 from shared.store.batch import Batch, Increment
 from shared.store.db import now_ms
-from shared.store.tables import Task, TaskStatus
+from shared.store.tables import RUNNABLE_STATUSES, Task, in_order
 from shared.views import TaskState
 
 # A task row as a write returns it: every column, "metadata" under its attribute name.
@@ -80,7 +80,7 @@ def settle(state: TaskState, row: Any) -> None:
 def runnable(status: ColumnElement[str]) -> ColumnElement[bool]:
     """``status IN (…)`` spelled with OR: an IN list is expanded at each execution, which a
     statement compiled once (backend.fetch_one) cannot have."""
-    return or_(*(status == value for value in TaskStatus.RUNNABLE))
+    return or_(*(status == value for value in in_order(RUNNABLE_STATUSES)))
 
 
 def _kind(value: Any) -> str:

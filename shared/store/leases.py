@@ -29,7 +29,7 @@ from shared.store.fenced import (
     settle,
     shape_of,
 )
-from shared.store.tables import Task, TaskStatus, utcnow
+from shared.store.tables import RUNNABLE_STATUSES, Task, TaskStatus, in_order, utcnow
 from shared.store.writes import terminal_values
 from shared.views import TaskState, task_document
 
@@ -183,7 +183,7 @@ def _refused_at_sight(read: Any, *, step: int | None) -> LeaseRefused | None:
     messages), or None."""
     if read is None:
         return LeaseRefused("missing")
-    if read.status not in TaskStatus.RUNNABLE:
+    if read.status not in RUNNABLE_STATUSES:
         return LeaseRefused(f"status is {read.status}")
     if step is not None and read.steps + 1 != step:
         return LeaseRefused(f"stale message for step {step}; task is at step {read.steps + 1}")
@@ -265,7 +265,7 @@ def extend_leases(
         update(Task)
         .where(
             tuple_(Task.id, Task.lease_epoch).in_(pairs),
-            Task.status.in_(TaskStatus.RUNNABLE),
+            Task.status.in_(in_order(RUNNABLE_STATUSES)),
         )
         .values(lease_expires_ms=now_ms() + ttl_ms)
         .returning(Task.id, Task.lease_epoch, Task.cancel_requested_at)
@@ -282,7 +282,7 @@ def next_lease(lease: Lease, task: TaskState) -> Lease | None:
     task might still write is fenced off; its expiry on the database's clock, so if this
     worker dies the sweeper finds the task once it runs out.
     """
-    if task.lease_epoch != lease.epoch + 1 or task.status not in TaskStatus.RUNNABLE:
+    if task.lease_epoch != lease.epoch + 1 or task.status not in RUNNABLE_STATUSES:
         return None
     assert task.lease_expires_ms is not None
     assert task.lease_owner is not None

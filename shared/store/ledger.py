@@ -9,6 +9,7 @@ found after a crash is a call whose outcome is unknown.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any, cast
 
 from sqlalchemy import Table, select
@@ -19,10 +20,15 @@ from shared.store.leases import Lease
 from shared.store.tables import ToolCall, utcnow
 
 _CALLS = cast(Table, ToolCall.__table__)
-STARTED = "started"
-AWAITING = "awaiting"  # waits for a person's decision before it may run
-SUCCEEDED = "succeeded"
-FAILED = "failed"
+
+
+class CallStatus(StrEnum):
+    """A tool call's ledger row: ``started → succeeded | failed``, or ``awaiting`` first."""
+
+    STARTED = "started"
+    AWAITING = "awaiting"  # waits for a person's decision before it may run
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
 
 
 def call_id(step: int, position: int) -> str:
@@ -65,7 +71,7 @@ def started(
             "provider_call_id": provider_call_id,
             "tool": tool,
             "arguments": arguments,
-            "status": STARTED,
+            "status": CallStatus.STARTED,
             "runs": 1,
             "lease_epoch": lease.epoch,
             "started_at": utcnow(),
@@ -95,7 +101,7 @@ def awaiting(
         arguments=arguments,
     )
     waits = {
-        "status": AWAITING,
+        "status": CallStatus.AWAITING,
         "runs": 0,
         "approval_deadline_ms": deadline_ms,
         "approval_on_timeout": on_timeout,
@@ -107,7 +113,7 @@ def extend_wait(call_id: str, *, deadline_ms: int) -> Change:
     """A new deadline for a call still waiting (its task was retried after the last one)."""
     return Change(
         _CALLS,
-        {"call_id": call_id, "status": AWAITING},
+        {"call_id": call_id, "status": CallStatus.AWAITING},
         {"approval_deadline_ms": deadline_ms},
     )
 
@@ -116,9 +122,9 @@ def approved_start(lease: Lease, call_id: str) -> Change:
     """An approved (or edited) call starts: ``awaiting`` → ``started``, one more run."""
     return Change(
         _CALLS,
-        {"call_id": call_id, "status": AWAITING},
+        {"call_id": call_id, "status": CallStatus.AWAITING},
         {
-            "status": STARTED,
+            "status": CallStatus.STARTED,
             "runs": Increment(1),
             "lease_epoch": lease.epoch,
             "started_at": utcnow(),
@@ -131,9 +137,9 @@ def ask_again(call_id: str, *, deadline_ms: int, on_timeout: str) -> Change:
     waits for a person to say whether to run it again."""
     return Change(
         _CALLS,
-        {"call_id": call_id, "status": STARTED},
+        {"call_id": call_id, "status": CallStatus.STARTED},
         {
-            "status": AWAITING,
+            "status": CallStatus.AWAITING,
             "approval_deadline_ms": deadline_ms,
             "approval_on_timeout": on_timeout,
         },
@@ -144,8 +150,8 @@ def rejected(call_id: str, *, error: str) -> Change:
     """A rejected call never runs: ``awaiting`` → ``failed``, the rejection as its error."""
     return Change(
         _CALLS,
-        {"call_id": call_id, "status": AWAITING},
-        {"status": FAILED, "error": error, "finished_at": utcnow()},
+        {"call_id": call_id, "status": CallStatus.AWAITING},
+        {"status": CallStatus.FAILED, "error": error, "finished_at": utcnow()},
     )
 
 
@@ -153,16 +159,16 @@ def rerun(lease: Lease, call_id: str) -> Change:
     """One more run of a ``started`` call whose first run's outcome is unknown."""
     return Change(
         _CALLS,
-        {"call_id": call_id, "status": STARTED},
+        {"call_id": call_id, "status": CallStatus.STARTED},
         {"runs": Increment(1), "lease_epoch": lease.epoch},
     )
 
 
 def outcome(call_id: str, *, status: str, result: Any = None, error: str | None = None) -> Change:
     """The call's outcome; only a ``started`` row changes (a finished call is final)."""
-    assert status in (SUCCEEDED, FAILED)
+    assert status in (CallStatus.SUCCEEDED, CallStatus.FAILED)
     return Change(
         _CALLS,
-        {"call_id": call_id, "status": STARTED},
+        {"call_id": call_id, "status": CallStatus.STARTED},
         {"status": status, "result": result, "error": error, "finished_at": utcnow()},
     )

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, cast
 
 from sqlalchemy import BigInteger, Table, bindparam, insert, select
@@ -18,13 +19,18 @@ from shared.store.db import now_ms
 from shared.store.tables import WebhookDelivery, WebhookEndpoint, utcnow
 from shared.views import TaskState, document_without_links
 
-PENDING, SENDING, DELIVERED, FAILED, DISABLED = (
-    "pending",
-    "sending",
-    "delivered",
-    "failed",
-    "disabled",
-)
+
+class DeliveryStatus(StrEnum):
+    """A delivery row: ``pending → sending → delivered``, back to ``pending`` to retry, or
+    ``failed`` (out of attempts) or ``disabled`` (its receiver or endpoint is gone)."""
+
+    PENDING = "pending"
+    SENDING = "sending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    DISABLED = "disabled"
+
+
 SUPERSEDED = "superseded"  # not a row status: a late sender whose claim was taken over
 ENDPOINT_CACHE_SECONDS = 5.0
 INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__)).values(
@@ -139,7 +145,7 @@ def pending_delivery(
         "event_type": event_type,
         "url": url,
         "payload": payload,
-        "status": PENDING,
+        "status": DeliveryStatus.PENDING,
         "attempts": 0,
         "attempts_base": 0,
         "created_at": created_at,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -40,7 +41,9 @@ class Base(DeclarativeBase):
     }
 
 
-class TaskStatus:
+class TaskStatus(StrEnum):
+    """A task's status: the same strings in the database, the API, the events and the CLI."""
+
     QUEUED = "queued"
     RUNNING = "running"
     AWAITING_APPROVAL = "awaiting_approval"
@@ -48,12 +51,19 @@ class TaskStatus:
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    ALL = (QUEUED, RUNNING, AWAITING_APPROVAL, SUCCEEDED, FAILED, CANCELLED)
-    TERMINAL = (SUCCEEDED, FAILED, CANCELLED)
-    RUNNABLE = (QUEUED, RUNNING)
+
+# A terminal task never changes again; a runnable one has a step to run (or running).
+TERMINAL_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+RUNNABLE_STATUSES = frozenset({TaskStatus.QUEUED, TaskStatus.RUNNING})
 
 
-_RUNNABLE_SQL = "('queued', 'running')"
+def in_order(statuses: frozenset[TaskStatus]) -> list[TaskStatus]:
+    """The statuses in the enum's order: a set's order changes from one process to the next,
+    and SQL text, pages and answers built from it should not."""
+    return [status for status in TaskStatus if status in statuses]
+
+
+_RUNNABLE_SQL = "(" + ", ".join(f"'{status}'" for status in in_order(RUNNABLE_STATUSES)) + ")"
 _UNDECIDED_SQL = "decision IS NULL AND approval_deadline_ms IS NOT NULL"
 
 
@@ -194,7 +204,7 @@ def runnable() -> ColumnElement[bool]:
     bound: sessions plan generically, and a generic plan can use a partial index only when
     the query names its predicate's values (``ix_tasks_backlog``, ``ix_tasks_admitted``);
     with bound values the backlog's queries read every runnable task instead."""
-    statuses = list(TaskStatus.RUNNABLE)
+    statuses = in_order(RUNNABLE_STATUSES)
     return Task.status.in_(bindparam("runnable", statuses, expanding=True, literal_execute=True))
 
 

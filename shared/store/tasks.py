@@ -31,7 +31,7 @@ from shared.store.batch import Batch
 from shared.store.db import now_ms
 from shared.store.events import insert_events
 from shared.store.fenced import log_in_batch
-from shared.store.tables import Task, TaskStatus, runnable, utcnow
+from shared.store.tables import TERMINAL_STATUSES, Task, TaskStatus, in_order, runnable, utcnow
 from shared.store.writes import CANCELLED_ERROR, terminal_values
 from shared.views import task_document
 
@@ -215,7 +215,7 @@ def request_cancel(session: Session, tenant_id: str, task_id: str) -> Logged:
     """Cancel now if no worker holds the task; otherwise flag it for the worker holding it,
     which the API wakes (see workers.cancels) to stop its step and cancel the task."""
     task = get_task(session, tenant_id, task_id)
-    if task.status in TaskStatus.TERMINAL:
+    if task.status in TERMINAL_STATUSES:
         raise Conflict(f"task {task_id} is already {task.status}")
     clock = session.scalar(select(now_ms()))
     assert clock is not None
@@ -224,7 +224,7 @@ def request_cancel(session: Session, tenant_id: str, task_id: str) -> Logged:
         done = session.execute(
             update(Task)
             .where(Task.id == task_id, Task.lease_epoch == task.lease_epoch)
-            .where(Task.status.not_in(TaskStatus.TERMINAL))
+            .where(Task.status.not_in(in_order(TERMINAL_STATUSES)))
             # the epoch moves on: a worker of an old lease that wakes up cannot write
             .values(
                 {
@@ -240,7 +240,7 @@ def request_cancel(session: Session, tenant_id: str, task_id: str) -> Logged:
             return _log_event(session, task, "task.cancelled")
     session.execute(
         update(Task)
-        .where(Task.id == task_id, Task.status.not_in(TaskStatus.TERMINAL))
+        .where(Task.id == task_id, Task.status.not_in(in_order(TERMINAL_STATUSES)))
         .values(cancel_requested_at=utcnow(), updated_at=utcnow())
         .execution_options(synchronize_session=False)
     )

@@ -32,7 +32,14 @@ from shared.store.fenced import (
     settle,
     shape_of,
 )
-from shared.store.tables import Task, TaskStatus, utcnow
+from shared.store.tables import (
+    RUNNABLE_STATUSES,
+    TERMINAL_STATUSES,
+    Task,
+    TaskStatus,
+    in_order,
+    utcnow,
+)
 from shared.views import TaskState, task_document
 
 if TYPE_CHECKING:
@@ -138,7 +145,7 @@ def write(
     if row is None:
         _refuse(session, lease)
     settle(after, row)
-    if after.status in TaskStatus.TERMINAL:
+    if after.status in TERMINAL_STATUSES:
         metrics.tasks_finished.labels(status=after.status).inc()
     return Written(after, [d["id"] for d in fenced.deliveries])
 
@@ -155,7 +162,7 @@ def _held(lease: Lease) -> ColumnElement[bool]:
     return (
         (Task.id == lease.task_id)
         & (Task.lease_epoch == lease.epoch)
-        & Task.status.in_(TaskStatus.RUNNABLE)
+        & Task.status.in_(in_order(RUNNABLE_STATUSES))
     )
 
 
@@ -226,7 +233,7 @@ def terminal_values(
     steps: int | None = None,
 ) -> dict[str, Any]:
     """The values that end a task (pair with its ``task.<status>`` event)."""
-    assert status in TaskStatus.TERMINAL
+    assert status in TERMINAL_STATUSES
     values: dict[str, Any] = {
         "status": status,
         "result": result,

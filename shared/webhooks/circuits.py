@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -23,7 +24,16 @@ from shared.settings import get_settings
 from shared.store.db import now_ms
 from shared.store.tables import WebhookEndpoint
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+class CircuitState(StrEnum):
+    """An endpoint's circuit breaker: ``closed`` sends, ``open`` holds deliveries back until
+    its cooldown ends, ``half_open`` has one probe out."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
 MAX_BACKOFF_DOUBLINGS = 6  # the cooldown grows to at most 64 times the setting
 
 
@@ -39,7 +49,7 @@ def admit(session: Session, endpoint_id: str, *, probe_ms: int) -> int | None:
             WebhookEndpoint.id == endpoint_id
         )
     ).one_or_none()
-    if row is None or row[0] == CLOSED:
+    if row is None or row[0] == CircuitState.CLOSED:
         return None
     state, until, clock = row[0], row[1], int(row[2])
     if until is not None and until > clock:
@@ -52,13 +62,13 @@ def admit(session: Session, endpoint_id: str, *, probe_ms: int) -> int | None:
             WebhookEndpoint.circuit_state == state,
             WebhookEndpoint.circuit_until_ms.is_not_distinct_from(until),
         )
-        .values(circuit_state=HALF_OPEN, circuit_until_ms=probe_until)
+        .values(circuit_state=CircuitState.HALF_OPEN, circuit_until_ms=probe_until)
         .execution_options(synchronize_session=False)
     )
     return None if won.rowcount == 1 else probe_until  # type: ignore[attr-defined]
 
 
-def record(session: Session, endpoint_id: str, *, succeeded: bool) -> str:
+def record(session: Session, endpoint_id: str, *, succeeded: bool) -> CircuitState:
     """Count an attempt's outcome against the endpoint; returns its circuit's state after it.
 
     A success closes the circuit and clears the count. A failure adds one; at the threshold,
@@ -69,10 +79,12 @@ def record(session: Session, endpoint_id: str, *, succeeded: bool) -> str:
         session.execute(
             update(WebhookEndpoint)
             .where(WebhookEndpoint.id == endpoint_id)
-            .values(consecutive_failures=0, circuit_state=CLOSED, circuit_until_ms=None)
+            .values(
+                consecutive_failures=0, circuit_state=CircuitState.CLOSED, circuit_until_ms=None
+            )
             .execution_options(synchronize_session=False)
         )
-        return CLOSED
+        return CircuitState.CLOSED
     row = session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id)
@@ -81,21 +93,21 @@ def record(session: Session, endpoint_id: str, *, succeeded: bool) -> str:
         .execution_options(synchronize_session=False)
     ).one_or_none()
     if row is None:
-        return CLOSED  # the endpoint was removed meanwhile
-    failures, state = int(row[0]), str(row[1])
+        return CircuitState.CLOSED  # the endpoint was removed meanwhile
+    failures, state = int(row[0]), CircuitState(row[1])
     settings = get_settings()
     threshold = settings.webhook_breaker_failures
-    if failures < threshold and state != HALF_OPEN:
+    if failures < threshold and state != CircuitState.HALF_OPEN:
         return state
     doublings = min(max(failures - threshold, 0), MAX_BACKOFF_DOUBLINGS)
     cooldown_ms = int(settings.webhook_breaker_cooldown_seconds * 1000) << doublings
     session.execute(
         update(WebhookEndpoint)
         .where(WebhookEndpoint.id == endpoint_id)
-        .values(circuit_state=OPEN, circuit_until_ms=now_ms() + cooldown_ms)
+        .values(circuit_state=CircuitState.OPEN, circuit_until_ms=now_ms() + cooldown_ms)
         .execution_options(synchronize_session=False)
     )
-    return OPEN
+    return CircuitState.OPEN
 
 
 @dataclass(frozen=True)
@@ -120,5 +132,5 @@ def circuit_of(endpoint: WebhookEndpoint) -> Circuit:
 def reset(endpoint: WebhookEndpoint) -> None:
     """Close the endpoint's circuit (its URL changed, or it was re-enabled): a fresh start."""
     endpoint.consecutive_failures = 0
-    endpoint.circuit_state = CLOSED
+    endpoint.circuit_state = CircuitState.CLOSED
     endpoint.circuit_until_ms = None

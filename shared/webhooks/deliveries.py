@@ -23,29 +23,25 @@ from sqlalchemy.orm import Session
 
 from shared.errors import NotFound
 from shared.store.db import now_ms
-from shared.store.outbox import (
-    DELIVERED,
-    DISABLED,
-    FAILED,
-    PENDING,
-    SENDING,
-    SUPERSEDED,
-    forget_subscriptions,
-)
+from shared.store.outbox import SUPERSEDED, DeliveryStatus, forget_subscriptions
 from shared.store.tables import Task, WebhookAttempt, WebhookDelivery, WebhookEndpoint, utcnow
 from shared.webhooks import circuits
 
 
 def claim(session: Session, delivery_id: str, *, claim_ms: int) -> WebhookDelivery | None:
     """Take a due delivery for sending (or one whose sender's claim expired)."""
-    due = ((WebhookDelivery.status == PENDING) & (WebhookDelivery.next_attempt_ms <= now_ms())) | (
-        (WebhookDelivery.status == SENDING) & (WebhookDelivery.claim_expires_ms < now_ms())
+    due = (
+        (WebhookDelivery.status == DeliveryStatus.PENDING)
+        & (WebhookDelivery.next_attempt_ms <= now_ms())
+    ) | (
+        (WebhookDelivery.status == DeliveryStatus.SENDING)
+        & (WebhookDelivery.claim_expires_ms < now_ms())
     )
     return session.scalars(
         update(WebhookDelivery)
         .where(WebhookDelivery.id == delivery_id, due)
         .values(
-            status=SENDING,
+            status=DeliveryStatus.SENDING,
             attempts=WebhookDelivery.attempts + 1,
             claim_expires_ms=now_ms() + claim_ms,
         )
@@ -132,7 +128,7 @@ def _write_attempt(
     ours; whether it was."""
     done = session.execute(
         update(WebhookDelivery)
-        .where(WebhookDelivery.id == delivery.id, WebhookDelivery.status == SENDING)
+        .where(WebhookDelivery.id == delivery.id, WebhookDelivery.status == DeliveryStatus.SENDING)
         .where(WebhookDelivery.attempts == delivery.attempts)  # still our claim
         .values(values)
         .execution_options(synchronize_session=False)
@@ -168,17 +164,20 @@ def _next_state(
     }
     if code is not None and 200 <= code < 300:
         return values | {
-            "status": DELIVERED,
+            "status": DeliveryStatus.DELIVERED,
             "delivered_at": utcnow(),
             "next_attempt_ms": None,
         }, None
     if code == 410:
         disable_target(session, delivery, reason="the receiver answered 410 Gone")
-        return values | {"status": DISABLED, "next_attempt_ms": None}, None
+        return values | {"status": DeliveryStatus.DISABLED, "next_attempt_ms": None}, None
     delay = next_delay_seconds(delivery, schedule)
     if delay is None:
-        return values | {"status": FAILED, "next_attempt_ms": None}, None
-    return values | {"status": PENDING, "next_attempt_ms": now_ms() + int(delay * 1000)}, delay
+        return values | {"status": DeliveryStatus.FAILED, "next_attempt_ms": None}, None
+    return values | {
+        "status": DeliveryStatus.PENDING,
+        "next_attempt_ms": now_ms() + int(delay * 1000),
+    }, delay
 
 
 def routes(session: Session, delivery_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -215,7 +214,12 @@ def mark_disabled(session: Session, delivery: WebhookDelivery, reason: str) -> N
     session.execute(
         update(WebhookDelivery)
         .where(WebhookDelivery.id == delivery.id)
-        .values(status=DISABLED, last_error=reason, next_attempt_ms=None, claim_expires_ms=None)
+        .values(
+            status=DeliveryStatus.DISABLED,
+            last_error=reason,
+            next_attempt_ms=None,
+            claim_expires_ms=None,
+        )
         .execution_options(synchronize_session=False)
     )
 
@@ -224,7 +228,12 @@ def fail_permanently(session: Session, delivery: WebhookDelivery, error: str) ->
     session.execute(
         update(WebhookDelivery)
         .where(WebhookDelivery.id == delivery.id)
-        .values(status=FAILED, last_error=error, next_attempt_ms=None, claim_expires_ms=None)
+        .values(
+            status=DeliveryStatus.FAILED,
+            last_error=error,
+            next_attempt_ms=None,
+            claim_expires_ms=None,
+        )
         .execution_options(synchronize_session=False)
     )
 
@@ -249,8 +258,8 @@ def disable_target(session: Session, delivery: WebhookDelivery, *, reason: str) 
         )
     session.execute(
         update(WebhookDelivery)
-        .where(same_target, WebhookDelivery.status == PENDING)
-        .values(status=DISABLED, last_error=reason, next_attempt_ms=None)
+        .where(same_target, WebhookDelivery.status == DeliveryStatus.PENDING)
+        .values(status=DeliveryStatus.DISABLED, last_error=reason, next_attempt_ms=None)
         .execution_options(synchronize_session=False)
     )
 
@@ -263,8 +272,9 @@ def _overdue(
     became due or when the sweeper last sent it a message; one due since ``sent_before_ms``
     (when the oldest message still waiting in the queue was sent, see the sweeper) is only
     behind a backlog."""
-    waiting = (WebhookDelivery.status == PENDING) | (
-        (WebhookDelivery.status == SENDING) & (WebhookDelivery.claim_expires_ms < clock)
+    waiting = (WebhookDelivery.status == DeliveryStatus.PENDING) | (
+        (WebhookDelivery.status == DeliveryStatus.SENDING)
+        & (WebhookDelivery.claim_expires_ms < clock)
     )
     overdue = waiting & (WebhookDelivery.next_attempt_ms <= clock - grace_ms)
     if sent_before_ms is not None:
@@ -317,9 +327,9 @@ def redeliver(session: Session, tenant_id: str, delivery_id: str) -> WebhookDeli
         raise NotFound(f"no webhook delivery {delivery_id}")
     session.execute(
         update(WebhookDelivery)
-        .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status != SENDING)
+        .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status != DeliveryStatus.SENDING)
         .values(
-            status=PENDING,
+            status=DeliveryStatus.PENDING,
             attempts_base=WebhookDelivery.attempts,
             next_attempt_ms=now_ms(),
             last_error=None,
@@ -358,7 +368,9 @@ def list_for_task(
 def failing(session: Session, tenant_id: str | None, *, limit: int = 50) -> list[WebhookDelivery]:
     """The newest deliveries that failed for good, or were dropped because their endpoint
     was disabled (every tenant's when ``tenant_id`` is None), from ``(status, …)``."""
-    query = select(WebhookDelivery).where(WebhookDelivery.status.in_((FAILED, DISABLED)))
+    query = select(WebhookDelivery).where(
+        WebhookDelivery.status.in_((DeliveryStatus.FAILED, DeliveryStatus.DISABLED))
+    )
     if tenant_id is not None:
         query = query.where(WebhookDelivery.tenant_id == tenant_id)
     return list(session.scalars(query.order_by(WebhookDelivery.id.desc()).limit(limit)))

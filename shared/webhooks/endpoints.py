@@ -24,7 +24,7 @@ from shared.errors import Conflict, EgressDenied, InvalidRequest, NotFound
 from shared.ids import new_id
 from shared.settings import get_settings
 from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
-from shared.store.outbox import DELIVERED, DISABLED, FAILED, PENDING, SENDING, forget_subscriptions
+from shared.store.outbox import DeliveryStatus, forget_subscriptions
 from shared.store.tables import Tenant, WebhookDelivery, WebhookEndpoint
 from shared.webhooks import circuits, egress
 
@@ -33,11 +33,11 @@ MAX_URL_LENGTH = 2048  # the column's
 # How each delivery status counts in success_rates: ``disabled`` was never sent and never will
 # be (its receiver answered 410, or the endpoint was disabled or removed before it went out).
 OUTCOMES = {
-    DELIVERED: "succeeded",
-    FAILED: "failed",
-    DISABLED: "failed",
-    PENDING: "pending",
-    SENDING: "pending",
+    DeliveryStatus.DELIVERED: "succeeded",
+    DeliveryStatus.FAILED: "failed",
+    DeliveryStatus.DISABLED: "failed",
+    DeliveryStatus.PENDING: "pending",
+    DeliveryStatus.SENDING: "pending",
 }
 
 

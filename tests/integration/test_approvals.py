@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from shared.store.db import transaction
+from shared.store.ledger import CallStatus
 from shared.store.tables import Task, ToolCall
 from tests.conftest import TenantHandle
 from tests.helpers import scripted_task, tool_turn
@@ -320,7 +321,6 @@ def test_a_task_failed_by_a_deadline_waits_again_when_retried(
     client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
 ) -> None:
     from shared.approvals import decisions
-    from shared.store import ledger
     from workers.sweeper import expire_approvals
 
     approval = {"tools": [], "timeout_seconds": 0.01, "on_timeout": "fail"}
@@ -333,7 +333,7 @@ def test_a_task_failed_by_a_deadline_waits_again_when_retried(
     assert client.post(f"/v1/tasks/{task_id}/retry", headers=tenant.headers).status_code == 202
     assert drive(task_id) == "awaiting_approval"
     (call,) = calls(task_id)
-    assert call.status == ledger.AWAITING
+    assert call.status == CallStatus.AWAITING
     with transaction() as session:
         assert [d for d in decisions.due(session) if d[0] == task_id] == []
     assert decide(client, tenant, task_id, decision="approve").status_code == 200

@@ -20,8 +20,8 @@ from sqlalchemy import select
 
 from shared.queue import get_celery, webhook_queue
 from shared.settings import get_settings
-from shared.store import outbox
 from shared.store.db import transaction
+from shared.store.outbox import DeliveryStatus
 from shared.store.tables import Task, WebhookDelivery
 from tests.conftest import REDIS_URL, TenantHandle
 from tests.fakes.receiver import WebhookReceiver
@@ -118,7 +118,7 @@ def pending_delivery(
             rows = session.scalars(
                 select(WebhookDelivery).where(WebhookDelivery.task_id == task_id)
             ).all()
-            assert [r.status for r in rows] == [outbox.PENDING]
+            assert [r.status for r in rows] == [DeliveryStatus.PENDING]
             yield rows[0].id
 
 

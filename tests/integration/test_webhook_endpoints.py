@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from shared.ids import new_id
-from shared.store import outbox
 from shared.store.db import transaction
+from shared.store.outbox import DeliveryStatus
 from shared.store.tables import ApiKey, WebhookDelivery, WebhookEndpoint, utcnow
 from shared.webhooks import endpoints
 from tests.conftest import TenantHandle
@@ -273,13 +273,13 @@ def test_each_endpoint_shows_its_last_days_deliveries_by_outcome(
     ).json()
     now = utcnow()
     rows = [
-        (outbox.DELIVERED, now),
-        (outbox.DELIVERED, now),
-        (outbox.FAILED, now),
-        (outbox.DISABLED, now),
-        (outbox.PENDING, now),
-        (outbox.SENDING, now),
-        (outbox.DELIVERED, now - timedelta(hours=25)),  # before the window
+        (DeliveryStatus.DELIVERED, now),
+        (DeliveryStatus.DELIVERED, now),
+        (DeliveryStatus.FAILED, now),
+        (DeliveryStatus.DISABLED, now),
+        (DeliveryStatus.PENDING, now),
+        (DeliveryStatus.SENDING, now),
+        (DeliveryStatus.DELIVERED, now - timedelta(hours=25)),  # before the window
     ]
     with transaction() as session:
         for seq, (status, created_at) in enumerate(rows, start=100):

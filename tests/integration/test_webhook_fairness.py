@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
 from shared.settings import get_settings
-from shared.store import outbox
 from shared.store.db import now_ms, transaction
+from shared.store.outbox import DeliveryStatus
 from shared.store.tables import WebhookDelivery, WebhookEndpoint
 from shared.webhooks import circuits, endpoints
 from tests.conftest import TenantHandle
@@ -166,7 +166,7 @@ def test_an_attempt_ends_within_its_deadline_however_slowly_the_receiver_drips(
         took = time.monotonic() - started
 
     assert not sending.is_alive(), "the attempt was still reading the dripping answer"
-    assert outcome == [outbox.PENDING]  # a failed attempt, to be retried
+    assert outcome == [DeliveryStatus.PENDING]  # a failed attempt, to be retried
     assert took < 10, took
     failed = delivery_of(delivery.task_id)
     assert failed.last_error is not None
@@ -214,13 +214,13 @@ def test_an_endpoints_circuit_opens_after_failures_in_a_row_and_a_probe_closes_i
         receiver.respond("/down", then=503)
         endpoint_id = add_endpoint(admin, receiver.url("/down"))
         rows = [delivery_of(finish_task(client, admin, drive)) for _ in range(4)]
-        assert [webhook_sender.attempt(r.id) for r in rows[:3]] == [outbox.PENDING] * 3
+        assert [webhook_sender.attempt(r.id) for r in rows[:3]] == [DeliveryStatus.PENDING] * 3
 
         opened = circuit_of(client, admin, endpoint_id)
         assert (opened["state"], opened["consecutive_failures"]) == ("open", 3)
         assert opened["until"] is not None
         # Open: the fourth is put off without a request, on its schedule, past the cooldown.
-        assert webhook_sender.attempt(rows[3].id) == outbox.PENDING
+        assert webhook_sender.attempt(rows[3].id) == DeliveryStatus.PENDING
         assert len(receiver.received("/down")) == 3
         held = delivery_of(rows[3].task_id)
         assert held.last_error is not None
@@ -230,7 +230,7 @@ def test_an_endpoints_circuit_opens_after_failures_in_a_row_and_a_probe_closes_i
         # Half-open: one probe goes; it fails, and the circuit opens again for longer.
         wait_until_open_is_over(endpoint_id)
         make_due(rows[0].id)
-        assert webhook_sender.attempt(rows[0].id) == outbox.PENDING
+        assert webhook_sender.attempt(rows[0].id) == DeliveryStatus.PENDING
         assert len(receiver.received("/down")) == 4
         assert circuit_of(client, admin, endpoint_id)["state"] == "open"
 
@@ -238,7 +238,7 @@ def test_an_endpoints_circuit_opens_after_failures_in_a_row_and_a_probe_closes_i
         receiver.respond("/down", then=200)
         wait_until_open_is_over(endpoint_id)
         make_due(rows[3].id)
-        assert webhook_sender.attempt(rows[3].id) == outbox.DELIVERED
+        assert webhook_sender.attempt(rows[3].id) == DeliveryStatus.DELIVERED
         closed = circuit_of(client, admin, endpoint_id)
         assert closed == {"state": "closed", "consecutive_failures": 0, "until": None}
 
@@ -268,7 +268,7 @@ def test_once_the_cooldown_is_over_one_caller_probes_and_the_others_wait(
     with transaction() as session:
         endpoint = session.get(WebhookEndpoint, endpoint_id)
         assert endpoint is not None
-        assert endpoint.circuit_state == circuits.HALF_OPEN
+        assert endpoint.circuit_state == circuits.CircuitState.HALF_OPEN
 
 
 # --- the cap on endpoints -------------------------------------------------------------------------

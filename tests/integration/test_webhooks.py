@@ -30,8 +30,8 @@ from standardwebhooks.webhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError as ReferenceVerificationError
 
 from shared.settings import get_settings
-from shared.store import outbox
 from shared.store.db import transaction
+from shared.store.outbox import DeliveryStatus
 from shared.store.tables import Task, TaskEvent, WebhookDelivery, WebhookEndpoint
 from shared.webhooks import endpoints as webhook_endpoints
 from shared.webhooks import secrets as webhook_secrets
@@ -103,7 +103,7 @@ def send_pending(task_id: str) -> list[str | None]:
     return [
         webhook_sender.attempt(row.id)
         for row in delivery_rows(task_id)
-        if row.status == outbox.PENDING
+        if row.status == DeliveryStatus.PENDING
     ]
 
 
@@ -127,11 +127,13 @@ def statuses(*expected: str) -> Callable[[list[WebhookDelivery]], bool]:
 
 def settled(rows: list[WebhookDelivery]) -> bool:
     """Every delivery has its outcome: none is due or being sent."""
-    return bool(rows) and all(r.status not in (outbox.PENDING, outbox.SENDING) for r in rows)
+    return bool(rows) and all(
+        r.status not in (DeliveryStatus.PENDING, DeliveryStatus.SENDING) for r in rows
+    )
 
 
 def waiting_to_retry(rows: list[WebhookDelivery]) -> bool:
-    return bool(rows) and all(r.status == outbox.PENDING and r.attempts > 0 for r in rows)
+    return bool(rows) and all(r.status == DeliveryStatus.PENDING and r.attempts > 0 for r in rows)
 
 
 def deliveries(client: TestClient, tenant: TenantHandle, task_id: str) -> list[dict[str, Any]]:
@@ -184,7 +186,7 @@ def delivered(
     task = submit(client, tenant, webhook={"url": receiver.url()})
     assert drive(task["id"]) == "succeeded"
     [request] = receiver.wait_for(1)
-    wait_for_deliveries(task["id"], statuses(outbox.DELIVERED))
+    wait_for_deliveries(task["id"], statuses(DeliveryStatus.DELIVERED))
     return task, request
 
 
@@ -379,7 +381,7 @@ def test_a_url_no_longer_allowed_at_send_time_is_not_requested(
     task = submit(client, tenant, webhook={"url": receiver.url()})
     with nothing_allow_listed(monkeypatch):
         drive(task["id"])
-        [row] = wait_for_deliveries(task["id"], statuses(outbox.FAILED))
+        [row] = wait_for_deliveries(task["id"], statuses(DeliveryStatus.FAILED))
 
     assert receiver.received() == []
     assert row.last_error is not None
@@ -396,7 +398,7 @@ def test_the_refusal_at_send_time_is_shown_and_a_redelivery_answers_with_the_del
     task = submit(client, tenant, webhook={"url": receiver.url()})
     with nothing_allow_listed(monkeypatch):
         drive(task["id"])
-        wait_for_deliveries(task["id"], statuses(outbox.FAILED))
+        wait_for_deliveries(task["id"], statuses(DeliveryStatus.FAILED))
 
     [listed] = deliveries(client, tenant, task["id"])
     assert listed["attempts"] == []  # no request went out …
@@ -406,7 +408,7 @@ def test_the_refusal_at_send_time_is_shown_and_a_redelivery_answers_with_the_del
     other = submit(client, tenant, webhook={"url": receiver.url()})
     drive(other["id"])
     receiver.wait_for(1)
-    [sent] = wait_for_deliveries(other["id"], statuses(outbox.DELIVERED))
+    [sent] = wait_for_deliveries(other["id"], statuses(DeliveryStatus.DELIVERED))
     response = client.post(f"/v1/webhook-deliveries/{sent.id}/redeliver", headers=tenant.headers)
     assert response.status_code == 202, response.text
     redelivery = response.json()
@@ -461,12 +463,12 @@ def test_410_disables_the_delivery_and_the_pending_ones_to_that_url(
     drive(task["id"])
     pending = delivery_rows(task["id"])
     assert len(pending) > 5
-    assert {r.status for r in pending} == {outbox.PENDING}
+    assert {r.status for r in pending} == {DeliveryStatus.PENDING}
 
     sent = send_pending(task["id"])
 
     # The first went out; the rest were disabled with it, so none was the sender's to send.
-    assert sent == [outbox.DISABLED] + [None] * (len(pending) - 1)
+    assert sent == [DeliveryStatus.DISABLED] + [None] * (len(pending) - 1)
     assert len(receiver.received()) == 1
     listed = deliveries(client, tenant, task["id"])
     assert {d["status"] for d in listed} == {"disabled"}
@@ -482,14 +484,16 @@ def test_after_a_410_later_events_of_the_task_are_not_sent_to_that_url(
 ) -> None:
     receiver.respond("/gone", then=410)
     task = submit(client, tenant, webhook={"url": receiver.url("/gone"), "events": EVERY_EVENT})
-    assert send_pending(task["id"]) == [outbox.DISABLED]  # task.queued: the receiver is gone
+    assert send_pending(task["id"]) == [
+        DeliveryStatus.DISABLED
+    ]  # task.queued: the receiver is gone
 
     drive(task["id"])  # the task's later events come after the 410
     rows = wait_for_deliveries(task["id"], settled)
 
     sent = [r.json()["type"] for r in receiver.received()]
     assert sent == ["task.queued"], f"sent to a receiver that answered 410 Gone: {sent[1:]}"
-    assert {r.status for r in rows} == {outbox.DISABLED}
+    assert {r.status for r in rows} == {DeliveryStatus.DISABLED}
 
 
 def test_after_a_410_the_rest_of_the_running_step_sends_nothing_to_that_url(
@@ -512,7 +516,7 @@ def test_after_a_410_the_rest_of_the_running_step_sends_nothing_to_that_url(
 
     sent = [r.json()["type"] for r in receiver.received()]
     assert sent == ["task.started"], f"sent to a receiver that answered 410 Gone: {sent[1:]}"
-    assert {r.status for r in rows} == {outbox.DISABLED}
+    assert {r.status for r in rows} == {DeliveryStatus.DISABLED}
 
 
 def test_410_disables_a_tenant_endpoint_for_the_tasks_after_it(
@@ -528,7 +532,7 @@ def test_410_disables_a_tenant_endpoint_for_the_tasks_after_it(
         ).id
     first = submit(client, tenant)
     drive(first["id"])
-    wait_for_deliveries(first["id"], statuses(outbox.DISABLED))
+    wait_for_deliveries(first["id"], statuses(DeliveryStatus.DISABLED))
 
     second = submit(client, tenant)
     drive(second["id"])
@@ -562,7 +566,7 @@ def test_the_attempt_log_records_status_latency_and_error(
         session.execute(
             update(WebhookDelivery).where(WebhookDelivery.id == row.id).values(next_attempt_ms=0)
         )
-    assert webhook_sender.attempt(row.id) == outbox.DELIVERED
+    assert webhook_sender.attempt(row.id) == DeliveryStatus.DELIVERED
 
     [listed] = deliveries(client, tenant, task["id"])
     first, second = listed["attempts"]

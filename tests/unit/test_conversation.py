@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from shared.agents.registry import Agent
 from shared.store import ledger
+from shared.store.ledger import CallStatus
 from shared.store.tables import Step, ToolCall
 from tests.unit.builders import lease_on, task_state
 from workers.providers.base import ModelResponse, ToolCallRequest, parse_arguments
@@ -137,7 +138,7 @@ def call_row(step: int, position: int, call: ToolCallRequest, outcome: Outcome) 
         provider_call_id=call.id,
         tool=call.name,
         arguments=call.arguments,
-        status=ledger.SUCCEEDED if outcome.ok else ledger.FAILED,
+        status=CallStatus.SUCCEEDED if outcome.ok else CallStatus.FAILED,
         result=outcome.result,
         error=outcome.error,
     )

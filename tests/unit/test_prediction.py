@@ -32,7 +32,8 @@ from shared.store.fenced import (
     state_of,
 )
 from shared.store.leases import next_lease
-from shared.store.tables import Task, TaskStatus, ToolCall
+from shared.store.ledger import CallStatus
+from shared.store.tables import TERMINAL_STATUSES, Task, TaskStatus, ToolCall, in_order
 from shared.store.writes import (
     progress_values,
     release_values,
@@ -119,7 +120,7 @@ COLUMN_VALUES = st.sampled_from(
         ("lease_expires_ms", st.builds(FromNow, st.integers(0, 10**6))),
         ("lease_expires_ms", st.none()),
         ("due_ms", st.builds(FromNow, st.integers(0, 10**6))),
-        ("status", st.sampled_from(TaskStatus.ALL)),
+        ("status", st.sampled_from(tuple(TaskStatus))),
         ("waiting", st.none() | st.fixed_dictionaries({"reason": st.text(max_size=10)})),
     ]
 )
@@ -246,7 +247,7 @@ def test_a_completion_that_leases_the_next_step_changes_no_indexed_column() -> N
     assert after.due_ms == task.due_ms
 
 
-@pytest.mark.parametrize("status", [ledger.SUCCEEDED, ledger.FAILED])
+@pytest.mark.parametrize("status", [CallStatus.SUCCEEDED, CallStatus.FAILED])
 def test_a_tool_calls_outcome_changes_no_indexed_column(status: str) -> None:
     """A call's outcome is written in place (HOT) too: no new entry in the ledger's indexes."""
     indexed = indexed_columns(ToolCall.__table__)
@@ -262,7 +263,7 @@ def test_no_next_lease_when_the_epoch_moved_on_by_more_than_the_completion() -> 
     assert next_lease(lease, after) is None
 
 
-@pytest.mark.parametrize("status", TaskStatus.TERMINAL)
+@pytest.mark.parametrize("status", in_order(TERMINAL_STATUSES))
 def test_a_terminal_write_clears_the_lease_and_everything_waiting_on_the_task(status: str) -> None:
     task = task_state(
         model_failures=3,

@@ -15,6 +15,7 @@ from shared.approvals import links
 from shared.settings import get_settings
 from shared.store import ledger
 from shared.store.batch import Part
+from shared.store.ledger import CallStatus
 from shared.store.writes import await_approval
 from workers.providers import ModelResponse, ToolCallRequest
 from workers.steps.context import Context
@@ -50,7 +51,7 @@ def _waits(ctx: Context, position: int, call: ToolCallRequest) -> bool:
     row = ctx.calls.get(ledger.call_id(ctx.lease.step, position))
     if row is None:
         return needs_approval(ctx, call)
-    undecided = row.status == ledger.AWAITING and row.decision is None
+    undecided = row.status == CallStatus.AWAITING and row.decision is None
     return undecided or _ask_again(ctx, row)
 
 
@@ -59,7 +60,7 @@ def _ask_again(ctx: Context, row: Any) -> bool:
     that is not idempotent and asks a person whether to run it again."""
     tool = ctx.tools.get(row.tool)
     return (
-        row.status == ledger.STARTED
+        row.status == CallStatus.STARTED
         and tool is not None
         and not tool.idempotent
         and tool.on_unknown_outcome == "ask"

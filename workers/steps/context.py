@@ -19,6 +19,7 @@ from shared.agents.registry import Agent, Tool, get_agent, get_registry
 from shared.store import checkpoints, ledger
 from shared.store.backends import write_session
 from shared.store.leases import Lease
+from shared.store.ledger import CallStatus
 from shared.store.tables import Step, Tenant, ToolCall
 from shared.views import TaskState
 from workers import tool_runner
@@ -149,7 +150,7 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
         )
         for call in by_step[step.number]:
             content = tool_runner.message_content(
-                ok=call.status == ledger.SUCCEEDED, result=call.result, error=call.error
+                ok=call.status == CallStatus.SUCCEEDED, result=call.result, error=call.error
             )
             messages.append(
                 {
@@ -177,7 +178,7 @@ def said(ctx: Context, response: ModelResponse) -> list[Message]:
         if outcome is None:  # settled before this lease: as its row says
             row = ctx.calls[call_id]
             outcome = tool_runner.Outcome(
-                ok=row.status == ledger.SUCCEEDED, result=row.result, error=row.error
+                ok=row.status == CallStatus.SUCCEEDED, result=row.result, error=row.error
             )
         content = tool_runner.message_content(
             ok=outcome.ok, result=outcome.result, error=outcome.error

@@ -32,7 +32,7 @@ from shared.settings import get_settings
 from shared.store import checkpoints, leases
 from shared.store.backends import write_session
 from shared.store.leases import Lease, LeaseRefused
-from shared.store.tables import TaskStatus
+from shared.store.tables import TERMINAL_STATUSES
 from shared.views import TaskState
 from workers import cancels, heartbeat
 from workers.providers import ModelResponse
@@ -117,7 +117,7 @@ def advance_one(
                 metrics.step_seconds.observe(elapsed)
                 span.set_attribute("ratchet.outcome", outcome)
                 log.info("step %d %s in %.1f ms", lease.step, outcome, elapsed * 1000)
-        if ctx.task.status in TaskStatus.TERMINAL:
+        if ctx.task.status in TERMINAL_STATUSES:
             end_task_span(ctx.task)
     if outcome is not StepOutcome.COMMITTED:
         return None

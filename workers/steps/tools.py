@@ -12,10 +12,12 @@ from opentelemetry.trace import StatusCode
 
 from shared import failpoints
 from shared.agents.registry import Tool, ToolContext
+from shared.approvals.decisions import Decision
 from shared.observability import metrics, tracing
 from shared.store import checkpoints, ledger
 from shared.store.batch import Part
 from shared.store.events import tool_call_data
+from shared.store.ledger import CallStatus
 from shared.store.tables import TaskStatus
 from shared.store.writes import finish_task, log_events
 from workers import cancels, tool_runner
@@ -35,8 +37,10 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     call_id = ledger.call_id(lease.step, position)
     row = ctx.calls.get(call_id)
     tool = ctx.tools.get(call.name)
-    if row is not None and row.status == ledger.AWAITING:  # decided: see workers.steps.approvals
-        if row.decision == "reject":
+    if (
+        row is not None and row.status == CallStatus.AWAITING
+    ):  # decided: see workers.steps.approvals
+        if row.decision == Decision.REJECT:
             rejected = tool_runner.Outcome(ok=False, error=approvals.rejection(row))
             finish = ledger.rejected(call_id, error=rejected.error or "")
             record_outcome(
@@ -45,7 +49,7 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
             return last
         call = replace(call, arguments=row.arguments)  # as approved, or as edited
         start: Part | None = ledger.approved_start(lease, call_id)
-    elif row is not None and row.status != ledger.STARTED:
+    elif row is not None and row.status != CallStatus.STARTED:
         return False
     elif row is not None and tool is not None and not tool.idempotent:
         return resolve_unknown_outcome(ctx, tool, call_id, last=last)
@@ -63,7 +67,7 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         abandoned = (
             "the task was cancelled while the call ran: stopped, or abandoned if it could not be"
         )
-        cancel(ctx, ledger.outcome(call_id, status=ledger.FAILED, result=None, error=abandoned))
+        cancel(ctx, ledger.outcome(call_id, status=CallStatus.FAILED, result=None, error=abandoned))
     failpoints.hit("after_tool")
     if outcome.unknown and tool is not None and not tool.idempotent:
         # An abandoned call may still act: as after a crash, the tool's policy decides.
@@ -146,7 +150,7 @@ def record_outcome(
     the outcome of a started call (a rejection)."""
     lease = ctx.lease
     ctx.outcomes[call_id] = outcome
-    status = ledger.SUCCEEDED if outcome.ok else ledger.FAILED
+    status = CallStatus.SUCCEEDED if outcome.ok else CallStatus.FAILED
     metrics.tool_calls.labels(tool=name if name in ctx.tools else "unknown", status=status).inc()
     finish = finish or ledger.outcome(
         call_id, status=status, result=outcome.result, error=outcome.error
