@@ -43,11 +43,11 @@ class Stats:
     calls: int = 0
     busy_seconds: float = 0.0
 
-    def started(self) -> None:
+    def begin_call(self) -> None:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
 
-    def finished(self, seconds: float) -> None:
+    def end_call(self, seconds: float) -> None:
         self.in_flight -= 1
         self.calls += 1
         self.busy_seconds += seconds
@@ -62,7 +62,7 @@ def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
     return sum(4 + len(str(m.get("content") or "")) // 4 for m in messages)
 
 
-def completion(request: dict[str, Any], *, tool_steps: int, number: int) -> dict[str, Any]:
+def complete_chat(request: dict[str, Any], *, tool_steps: int, number: int) -> dict[str, Any]:
     """The reply to one chat-completions request, in the shape the official SDK parses."""
     messages = list(request.get("messages") or [])
     tool_results = sum(m.get("role") == "tool" for m in messages)
@@ -117,13 +117,13 @@ class Stub:
 
     async def _complete(self, body: bytes) -> dict[str, Any]:
         started = time.monotonic()
-        self.stats.started()
+        self.stats.begin_call()
         try:
             await asyncio.sleep(self.latency_s)
             request = json.loads(body or b"{}")
-            return completion(request, tool_steps=self.tool_steps, number=next(self._numbers))
+            return complete_chat(request, tool_steps=self.tool_steps, number=next(self._numbers))
         finally:
-            self.stats.finished(time.monotonic() - started)
+            self.stats.end_call(time.monotonic() - started)
 
 
 async def _read_body(receive: Receive) -> bytes:

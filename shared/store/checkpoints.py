@@ -65,7 +65,7 @@ def load_history(session: Session, task_id: str) -> tuple[list[Step], list[ToolC
     return steps, calls
 
 
-def model_response(lease: Lease, call: ModelCall, *, final: bool = False) -> Add:
+def save_model_response(lease: Lease, call: ModelCall, *, final: bool = False) -> Add:
     """The checkpoint of the model's answer for ``lease.step``, written with a fenced write.
 
     A ``final`` answer (no tool calls) completes its step in the same write.
@@ -89,7 +89,7 @@ def model_response(lease: Lease, call: ModelCall, *, final: bool = False) -> Add
     )
 
 
-def completion(lease: Lease) -> Change:
+def complete_checkpoint(lease: Lease) -> Change:
     """``lease.step`` is complete (its tools have all run), written with a fenced write. It
     sets the row's last column alone, so PostgreSQL logs little more than that column of the
     row's new version (the rest is the old version's, byte for byte)."""

@@ -50,7 +50,7 @@ def calls_for_task(
     return session.scalars(query.order_by(ToolCall.step_number, ToolCall.position)).all()
 
 
-def started(
+def start_call(
     lease: Lease,
     *,
     position: int,
@@ -79,7 +79,7 @@ def started(
     )
 
 
-def awaiting(
+def await_decision(
     lease: Lease,
     *,
     position: int,
@@ -92,7 +92,7 @@ def awaiting(
 ) -> Add:
     """The row of a call that must be approved before it runs: written with the fenced write
     that puts the task to wait, it is not run (``runs`` 0) until a decision says so."""
-    row = started(
+    row = start_call(
         lease,
         position=position,
         call_id=call_id,
@@ -118,7 +118,7 @@ def extend_wait(call_id: str, *, deadline_ms: int) -> Change:
     )
 
 
-def approved_start(lease: Lease, call_id: str) -> Change:
+def start_approved_call(lease: Lease, call_id: str) -> Change:
     """An approved (or edited) call starts: ``awaiting`` → ``started``, one more run."""
     return Change(
         _CALLS,
@@ -146,7 +146,7 @@ def ask_again(call_id: str, *, deadline_ms: int, on_timeout: str) -> Change:
     )
 
 
-def rejected(call_id: str, *, error: str) -> Change:
+def reject_call(call_id: str, *, error: str) -> Change:
     """A rejected call never runs: ``awaiting`` → ``failed``, the rejection as its error."""
     return Change(
         _CALLS,
@@ -164,7 +164,9 @@ def rerun(lease: Lease, call_id: str) -> Change:
     )
 
 
-def outcome(call_id: str, *, status: str, result: Any = None, error: str | None = None) -> Change:
+def finish_call(
+    call_id: str, *, status: str, result: Any = None, error: str | None = None
+) -> Change:
     """The call's outcome; only a ``started`` row changes (a finished call is final)."""
     assert status in (CallStatus.SUCCEEDED, CallStatus.FAILED)
     return Change(

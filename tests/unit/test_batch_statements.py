@@ -7,7 +7,7 @@ from sqlalchemy.dialects import postgresql as dialects
 from shared.store import fenced, leases, writes
 from shared.store.backends import postgresql
 from shared.store.batch import Batch, Increment
-from shared.store.checkpoints import completion
+from shared.store.checkpoints import complete_checkpoint
 from shared.store.tables import utcnow
 
 LEASE = leases.Lease(task_id="t", epoch=2, owner="w", step=1, attempt=1, ttl_ms=30_000)
@@ -25,7 +25,7 @@ def write_batch(**values: object) -> Batch:
         key=("write", shape, True),
         params={},
         events=[("step.completed", {"step": 1})],
-        parts=[completion(LEASE)],
+        parts=[complete_checkpoint(LEASE)],
         now=utcnow(),
     )
 

@@ -20,7 +20,7 @@ from shared.store.ledger import CallStatus
 from shared.store.tables import Step, ToolCall
 from tests.unit.builders import lease_on, task_state
 from workers.providers.base import ModelResponse, ToolCallRequest, parse_arguments
-from workers.steps.context import Context, opening, said, step_messages
+from workers.steps.context import Context, open_conversation, read_back, step_messages
 from workers.tool_runner import Outcome, message_content
 
 JSON = st.recursive(
@@ -46,7 +46,7 @@ def test_the_system_message_is_the_agent_prompt_then_the_task_instructions(
     system_prompt: str, instructions: str | None, expected: str
 ) -> None:
     task = task_state(input="hi", instructions=instructions)
-    messages = opening(task, Agent("a", system_prompt=system_prompt))
+    messages = open_conversation(task, Agent("a", system_prompt=system_prompt))
     assert messages == [
         {"role": "system", "content": expected},
         {"role": "user", "content": "hi"},
@@ -54,7 +54,7 @@ def test_the_system_message_is_the_agent_prompt_then_the_task_instructions(
 
 
 def test_without_prompt_or_instructions_there_is_no_system_message() -> None:
-    messages = opening(task_state(input="hi", instructions=""), Agent("a"))
+    messages = open_conversation(task_state(input="hi", instructions=""), Agent("a"))
     assert messages == [{"role": "user", "content": "hi"}]
 
 
@@ -65,7 +65,7 @@ def test_a_conversation_given_as_input_is_kept_in_order_with_only_role_and_conte
         {"role": "assistant", "content": "hello"},
         {"role": "user", "content": "bye"},
     ]
-    messages = opening(task_state(input=given_input), Agent("a"))
+    messages = open_conversation(task_state(input=given_input), Agent("a"))
     assert messages == [{"role": m["role"], "content": m["content"]} for m in given_input]
 
 
@@ -230,4 +230,4 @@ def test_a_step_carried_over_in_memory_reads_as_its_rows_would_rebuild_it(
         },
     )
 
-    assert said(ctx, response) == step_messages([step_row(step, response)], rows)
+    assert read_back(ctx, response) == step_messages([step_row(step, response)], rows)

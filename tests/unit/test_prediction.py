@@ -252,7 +252,7 @@ def test_a_tool_calls_outcome_changes_no_indexed_column(status: str) -> None:
     """A call's outcome is written in place (HOT) too: no new entry in the ledger's indexes."""
     indexed = indexed_columns(ToolCall.__table__)
     assert {"approval_deadline_ms", "decision"} <= indexed
-    assert set(ledger.outcome("1.0", status=status).values) & indexed == set()
+    assert set(ledger.finish_call("1.0", status=status).values) & indexed == set()
 
 
 def test_no_next_lease_when_the_epoch_moved_on_by_more_than_the_completion() -> None:

@@ -27,7 +27,7 @@ VOCABULARIES: list[tuple[type[StrEnum], list[str]]] = [
 ]
 
 
-@pytest.mark.parametrize(("vocabulary", "strings"), VOCABULARIES, ids=lambda v: str(v))
+@pytest.mark.parametrize(("vocabulary", "strings"), VOCABULARIES, ids=str)
 def test_a_vocabulary_keeps_its_strings(vocabulary: type[StrEnum], strings: list[str]) -> None:
     assert [member.value for member in vocabulary] == strings
     assert all(vocabulary(value) == value for value in strings)

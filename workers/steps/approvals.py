@@ -41,7 +41,7 @@ def needs_approval(ctx: Context, call: ToolCallRequest) -> bool:
     return listed or tool.needs_approval(call.arguments)
 
 
-def pending(ctx: Context, response: ModelResponse) -> list[int]:
+def find_waiting(ctx: Context, response: ModelResponse) -> list[int]:
     """Positions of the calls that still wait: new ones that need approval, recorded ones
     nobody has decided yet, and ones whose outcome a crash left unknown that ask a person."""
     return [p for p, call in enumerate(response.tool_calls) if _waits(ctx, p, call)]
@@ -103,7 +103,7 @@ def wait(
         elif row is None:
             on_timeout = policy
             new.append(
-                ledger.awaiting(
+                ledger.await_decision(
                     lease,
                     position=position,
                     call_id=call_id,
@@ -145,7 +145,7 @@ def _pending_call(
     return pending | ({"approval_url": url} if url else {})
 
 
-def rejection(row: Any) -> str:
+def describe_rejection(row: Any) -> str:
     """What the model reads of a rejected call."""
     who = row.decided_by or "a person"
     why = f": {row.decision_reason}" if row.decision_reason else ""

@@ -77,7 +77,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         task=task,
         agent=agent,
         tools=task_tools(task),
-        history=opening(task, agent) + step_messages(done, calls),
+        history=open_conversation(task, agent) + step_messages(done, calls),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
         tenant_name=tenant_name(task.tenant_id, session),
@@ -123,7 +123,7 @@ def tenant_name(tenant_id: str, session: Session | None = None) -> str:
     return name
 
 
-def opening(task: TaskState, agent: Agent) -> list[Message]:
+def open_conversation(task: TaskState, agent: Agent) -> list[Message]:
     """The chat before any step: the system prompt and the task's input."""
     system = "\n\n".join(p for p in (agent.system_prompt, task.instructions) if p)
     messages: list[Message] = [{"role": "system", "content": system}] if system else []
@@ -163,7 +163,7 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
     return messages
 
 
-def said(ctx: Context, response: ModelResponse) -> list[Message]:
+def read_back(ctx: Context, response: ModelResponse) -> list[Message]:
     """The completed step as the model reads it back: what ``step_messages`` rebuilds from its
     rows, made from what this step answered and recorded. (The same JSON; an object read back
     from PostgreSQL may list its keys in another order.)"""

@@ -156,7 +156,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     first = None if final or over_budget else start_with_response(ctx, response.tool_calls)
     with fenced(ctx) as writes:
         writes.set(change)
-        writes.add(checkpoints.model_response(lease, call, final=final))
+        writes.add(checkpoints.save_model_response(lease, call, final=final))
         if first is not None:
             writes.add(first)
     return final or bool(over_budget)

@@ -38,10 +38,10 @@ from workers import cancels, heartbeat
 from workers.providers import ModelResponse
 from workers.providers.base import Message
 from workers.steps import approvals
-from workers.steps.context import Context, following_context, load_context, said, worker_id
+from workers.steps.context import Context, following_context, load_context, read_back, worker_id
 from workers.steps.model import call_model, check_limits, record_response
 from workers.steps.tools import run_tool_call
-from workers.steps.writes import TaskEnded, after_commit, completion, fail, fenced
+from workers.steps.writes import TaskEnded, after_commit, complete_current_step, fail, fenced
 
 log = logging.getLogger("ratchet.step")
 
@@ -270,7 +270,7 @@ def run_step(ctx: Context) -> bool:
         response = answer.response
     else:
         response = ModelResponse.from_dict(ctx.step_row.response)
-    waiting = approvals.pending(ctx, response)
+    waiting = approvals.find_waiting(ctx, response)
     ready = [p for p in range(len(response.tool_calls)) if p not in waiting]
     completed, asked = False, frozenset[str]()
     for position in ready:  # the last commits the step's completion, unless calls wait
@@ -284,8 +284,8 @@ def run_step(ctx: Context) -> bool:
         approvals.wait(ctx, response, waiting, asked=asked)
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(ctx) as writes:
-            writes.set(completion(ctx))
-            writes.add(checkpoints.completion(lease))
-    ctx.said = said(ctx, response)
+            writes.set(complete_current_step(ctx))
+            writes.add(checkpoints.complete_checkpoint(lease))
+    ctx.said = read_back(ctx, response)
     failpoints.hit("after_step_commit")
     return False

@@ -24,7 +24,7 @@ from workers import cancels, tool_runner
 from workers.providers import ToolCallRequest
 from workers.steps import approvals
 from workers.steps.context import Context
-from workers.steps.writes import TaskEnded, cancel, completion, fenced
+from workers.steps.writes import TaskEnded, cancel, complete_current_step, fenced
 
 
 def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: bool) -> bool:
@@ -41,20 +41,20 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         row is not None and row.status == CallStatus.AWAITING
     ):  # decided: see workers.steps.approvals
         if row.decision == Decision.REJECT:
-            rejected = tool_runner.Outcome(ok=False, error=approvals.rejection(row))
-            finish = ledger.rejected(call_id, error=rejected.error or "")
+            rejected = tool_runner.Outcome(ok=False, error=approvals.describe_rejection(row))
+            finish = ledger.reject_call(call_id, error=rejected.error or "")
             record_outcome(
                 ctx, call_id=call_id, name=call.name, outcome=rejected, last=last, finish=finish
             )
             return last
         call = replace(call, arguments=row.arguments)  # as approved, or as edited
-        start: Part | None = ledger.approved_start(lease, call_id)
+        start: Part | None = ledger.start_approved_call(lease, call_id)
     elif row is not None and row.status != CallStatus.STARTED:
         return False
     elif row is not None and tool is not None and not tool.idempotent:
         return resolve_unknown_outcome(ctx, tool, call_id, last=last)
     elif row is None:
-        start = None if call_id in ctx.started else _started(ctx, position, call)
+        start = None if call_id in ctx.started else _start_call(ctx, position, call)
     else:
         start = ledger.rerun(lease, call_id)
     if start is not None:
@@ -67,7 +67,9 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         abandoned = (
             "the task was cancelled while the call ran: stopped, or abandoned if it could not be"
         )
-        cancel(ctx, ledger.outcome(call_id, status=CallStatus.FAILED, result=None, error=abandoned))
+        cancel(
+            ctx, ledger.finish_call(call_id, status=CallStatus.FAILED, result=None, error=abandoned)
+        )
     failpoints.hit("after_tool")
     if outcome.unknown and tool is not None and not tool.idempotent:
         # An abandoned call may still act: as after a crash, the tool's policy decides.
@@ -77,8 +79,8 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     return last
 
 
-def _started(ctx: Context, position: int, call: ToolCallRequest) -> Part:
-    return ledger.started(
+def _start_call(ctx: Context, position: int, call: ToolCallRequest) -> Part:
+    return ledger.start_call(
         ctx.lease,
         position=position,
         call_id=ledger.call_id(ctx.lease.step, position),
@@ -105,7 +107,7 @@ def start_with_response(ctx: Context, calls: list[ToolCallRequest]) -> Part | No
     if call.invalid_arguments is not None or approvals.needs_approval(ctx, call):
         return None
     ctx.started.add(call_id)
-    return _started(ctx, 0, call)
+    return _start_call(ctx, 0, call)
 
 
 def invoke(
@@ -152,7 +154,7 @@ def record_outcome(
     ctx.outcomes[call_id] = outcome
     status = CallStatus.SUCCEEDED if outcome.ok else CallStatus.FAILED
     metrics.tool_calls.labels(tool=name if name in ctx.tools else "unknown", status=status).inc()
-    finish = finish or ledger.outcome(
+    finish = finish or ledger.finish_call(
         call_id, status=status, result=outcome.result, error=outcome.error
     )
     # The event says what the ledger's row will hold (reads of the log rebuild it from there).
@@ -169,12 +171,12 @@ def record_outcome(
     if end_task is not None:
         change = change.then(finish_task(TaskStatus.FAILED, error=end_task))
     elif last:
-        change = change.then(completion(ctx))
+        change = change.then(complete_current_step(ctx))
     with fenced(ctx) as writes:
         writes.set(change)
         writes.add(finish)
         if last and end_task is None:
-            writes.add(checkpoints.completion(lease))
+            writes.add(checkpoints.complete_checkpoint(lease))
 
 
 def resolve_unknown_outcome(

@@ -99,7 +99,7 @@ def fail(ctx: Context, error_type: str, message: str, **detail: Any) -> NoReturn
     raise TaskEnded
 
 
-def completion(ctx: Context) -> TaskWrite:
+def complete_current_step(ctx: Context) -> TaskWrite:
     """The write that completes the step; if this thread goes on with the next step, the same
     write leases it (one statement fewer than a lease of its own)."""
     return complete_step(ctx.lease, next_owner=worker_id() if ctx.go_on() else None)
