@@ -18,7 +18,7 @@ from pydantic import (
 )
 from typing_extensions import TypeAliasType
 
-from shared.providers import Script
+from shared.model_strings import Script
 from shared.store.events import EventType
 from shared.views import TaskView, Usage
 

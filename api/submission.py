@@ -18,8 +18,8 @@ from shared.actions import tasks as task_actions
 from shared.actions.tasks import Submitted
 from shared.agents.registry import get_agent, get_registry
 from shared.errors import EgressDenied, InvalidRequest, NotFound
-from shared.providers import Script, check_available, parse_model, script_delays_over
-from shared.ratelimit import limits
+from shared.model_strings import Script, check_available, parse_model, script_delays_over
+from shared.ratelimit import rules
 from shared.ratelimit.buckets import LimiterUnavailable
 from shared.ratelimit.limiter import get_limiter
 from shared.settings import Settings, get_settings
@@ -76,7 +76,7 @@ def _document(raw: bytes) -> Any:
 
 def check_rate(tenant: str) -> None:
     """The tenant's submission limit, if one is configured: 429 with Retry-After when over."""
-    take = limits.submission_take(tenant)
+    take = rules.submission_take(tenant)
     if take is None:
         return
     try:

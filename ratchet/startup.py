@@ -57,7 +57,7 @@ def warn_if_no_default_model() -> None:
     """Say at start, in one line, when a task that names no model would be refused: the
     default model (``RATCHET_DEFAULT_MODEL``, else ``scripted``) is one this server cannot
     call. The server still starts: clients that name their model are served."""
-    from shared.providers import check_available, parse_model
+    from shared.model_strings import check_available, parse_model
 
     settings = get_settings()
     provider, _ = parse_model(settings.default_model)

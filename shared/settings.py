@@ -291,7 +291,7 @@ class Settings(BaseSettings):
     @field_validator("default_model")
     @classmethod
     def _model(cls, value: str) -> str:
-        from shared.providers import parse_model  # imported late: it reads these settings
+        from shared.model_strings import parse_model  # imported late: it reads these settings
 
         try:
             parse_model(value)
@@ -303,7 +303,7 @@ class Settings(BaseSettings):
     @classmethod
     def _rate_limits(cls, value: str) -> str:
         if value.strip():
-            from shared.ratelimit.limits import (
+            from shared.ratelimit.rules import (
                 parse_inline,  # imported late: it reads these settings
             )
 
@@ -314,7 +314,7 @@ class Settings(BaseSettings):
     @classmethod
     def _concurrency(cls, value: str) -> str:
         if value.strip():
-            from shared.scheduling.limits import parse_inline  # imported late, as above
+            from shared.scheduling.concurrency import parse_inline  # imported late, as above
 
             parse_inline(value)
         return value
@@ -323,7 +323,7 @@ class Settings(BaseSettings):
     @classmethod
     def _concurrency_file(cls, value: Path | None) -> Path | None:
         if value is not None:
-            from shared.scheduling.limits import parse_file
+            from shared.scheduling.concurrency import parse_file
 
             parse_file(value)
         return value
@@ -332,7 +332,7 @@ class Settings(BaseSettings):
     @classmethod
     def _rate_limits_file(cls, value: Path | None) -> Path | None:
         if value is not None:
-            from shared.ratelimit.limits import parse_file  # imported late: it reads these settings
+            from shared.ratelimit.rules import parse_file  # imported late: it reads these settings
 
             parse_file(value)
         return value

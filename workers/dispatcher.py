@@ -29,7 +29,7 @@ from shared.actions import schedules as schedule_actions
 from shared.actions.effects import Effects, after_commit
 from shared.ops import fleet
 from shared.ops.fleet import FleetUnavailable
-from shared.scheduling import admission, gate, lead, limits, schedules
+from shared.scheduling import admission, concurrency, gate, lead, schedules
 from shared.scheduling.wake import Waiter
 from shared.settings import get_settings
 from shared.store import tenants
@@ -150,7 +150,7 @@ class Dispatcher:
             lead.lock_round(session)
             found = admission.admission_round(
                 session,
-                limits=limits.cached(session),
+                limits=concurrency.cached(session),
                 capacity=self.capacity(slots),
                 window=self.settings.dispatch_window,
                 fair=self.settings.fair_scheduling,

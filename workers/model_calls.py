@@ -29,7 +29,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from shared.errors import LeaseLost, ModelError, ModelRateLimited, ModelTransientError
 from shared.observability import metrics
-from shared.ratelimit import limits
+from shared.ratelimit import rules
 from shared.ratelimit.buckets import LimiterUnavailable, Take
 from shared.ratelimit.limiter import get_limiter
 from shared.settings import get_settings
@@ -166,7 +166,7 @@ def limited_call(
     estimate = partial(
         tokens.request_tokens, request, model, default_output=DEFAULT_OUTPUT_ESTIMATE
     )
-    takes = limits.call_takes(model, tenant, estimate)
+    takes = rules.call_takes(model, tenant, estimate)
     wait_for_capacity(takes, model)
     if not still_held():
         _refund(takes)
@@ -236,7 +236,7 @@ def _after_error(exc: ModelError, takes: list[Take], model: str) -> None:
 
 
 def _adapt(model: str, pause_s: float) -> None:
-    share = limits.after_429(model, pause_s=pause_s)
+    share = rules.after_429(model, pause_s=pause_s)
     if share is not None:
         log.warning(
             "%s: adaptive limits now allow %.0f%% of its configured rates", model, 100 * share

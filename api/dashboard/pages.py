@@ -16,7 +16,7 @@ from shared.actions.limits import Concurrency
 from shared.ops import fleet, overview
 from shared.ops.sessions import Login
 from shared.ratelimit.buckets import LimiterUnavailable
-from shared.ratelimit.limits import configured_buckets, tenant_buckets
+from shared.ratelimit.rules import configured_buckets, tenant_buckets
 from shared.store.db import get_sessionmaker
 
 router = APIRouter(prefix=PATH, include_in_schema=False)

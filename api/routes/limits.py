@@ -16,7 +16,7 @@ from api.deps import Admin, Operator, SessionDep
 from api.problems import responses
 from shared.actions import limits as limit_actions
 from shared.ratelimit.buckets import Bucket, LimiterUnavailable
-from shared.ratelimit.limits import configured_buckets, tenant_buckets
+from shared.ratelimit.rules import configured_buckets, tenant_buckets
 
 router = APIRouter(tags=["admin"])
 

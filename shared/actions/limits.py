@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 from shared.errors import NotFound
 from shared.ratelimit.buckets import Bucket
 from shared.ratelimit.limiter import get_limiter
-from shared.ratelimit.limits import adaptive_share
-from shared.scheduling import admission, limits
+from shared.ratelimit.rules import adaptive_share
+from shared.scheduling import admission, concurrency
 from shared.settings import get_settings
 from shared.store.tables import ConcurrencyLimit
 
@@ -89,7 +89,7 @@ def _limit(kind: str, name: str, spec: Any, row: ConcurrencyLimit | None) -> Lim
 def read_concurrency(session: Session) -> Concurrency:
     """Every limit in force and its use, tenants with their backlog; one transaction."""
     with session.begin():
-        in_force = limits.in_force(session)
+        in_force = concurrency.in_force(session)
         rows = {(r.kind, r.name): r for r in session.query(ConcurrencyLimit).all()}
         use = admission.in_use(session, in_force)
         backlog = admission.backlog_by_tenant(session)
@@ -98,7 +98,7 @@ def read_concurrency(session: Session) -> Concurrency:
         fair_scheduling=get_settings().fair_scheduling,
         limits=[
             _limit(kind, name, spec, rows.get((kind, name)))
-            for kind in limits.KINDS
+            for kind in concurrency.KINDS
             for name, spec in sorted(getattr(in_force.config, kind).items())
         ],
         tenants={name: Use(use.tenants[name], *backlog.get(name, (0, 0))) for name in tenant_names},
@@ -113,12 +113,12 @@ def set_limit(session: Session, kind: str, name: str, spec: dict[str, Any], *, b
     """Override the configured limit of that kind and name (the whole entry) for the fleet
     (InvalidRequest for a spec its kind refuses)."""
     with session.begin():
-        row = limits.set_override(session, kind, name, spec, by=by)
-        return _limit(kind, name, limits.SPECS[kind].model_validate(row.spec), row)
+        row = concurrency.set_override(session, kind, name, spec, by=by)
+        return _limit(kind, name, concurrency.SPECS[kind].model_validate(row.spec), row)
 
 
 def remove_limit(session: Session, kind: str, name: str) -> None:
     """The configured limit (if any) applies again (NotFound if none was set at runtime)."""
     with session.begin():
-        if not limits.delete_override(session, kind, name):
+        if not concurrency.delete_override(session, kind, name):
             raise NotFound(f"no runtime limit for {kind} {name!r}")

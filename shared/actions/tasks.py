@@ -12,8 +12,7 @@ from sqlalchemy.orm import Session
 
 from shared.actions.effects import NONE, Effects, of_task
 from shared.errors import Conflict, IdempotencyMismatch
-from shared.scheduling import caps, gate
-from shared.scheduling import limits as concurrency
+from shared.scheduling import caps, concurrency, gate
 from shared.store import tasks
 from shared.store.backends import commit_each_statement
 from shared.store.db import get_sessionmaker

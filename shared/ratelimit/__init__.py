@@ -1,2 +1,2 @@
-"""Rate limits: which buckets apply to a call (``limits``) and the Redis token buckets that
-enforce them across the fleet (``limiter``)."""
+"""Rate limits: which buckets apply to a call (``rules``) and the token buckets that enforce
+them, across the fleet in Redis (``limiter``) or in one process (``in_process``)."""

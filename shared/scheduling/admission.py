@@ -39,7 +39,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from shared.scheduling.limits import Limits
+from shared.scheduling.concurrency import Limits
 from shared.store.backends import first_per_tenant, scan_index_entries
 from shared.store.db import now_ms
 from shared.store.tables import Task, TaskStatus, Tenant, runnable

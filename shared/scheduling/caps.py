@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shared.errors import QueueFull
-from shared.scheduling import limits
+from shared.scheduling import concurrency
 from shared.store.backends import hold_tenant_lock
 from shared.store.tables import Task, TaskStatus
 
@@ -23,13 +23,13 @@ QUEUE_LOCK_NAMESPACE = 0x5251  # "RQ": the advisory locks of tenants' queues
 def known_uncapped(tenant_name: str) -> bool:
     """Whether the tenant has no cap, known without reading the database (from limits read
     within the last second): then a submission counts nothing and locks nothing."""
-    cached = limits.peek()
+    cached = concurrency.peek()
     return cached is not None and cached.tenant(tenant_name).max_queued is None
 
 
 def check(session: Session, tenant_id: str, tenant_name: str) -> None:
     """In the submission's transaction, before its insert: QueueFull past the cap."""
-    cap = limits.cached(session).tenant(tenant_name).max_queued
+    cap = concurrency.cached(session).tenant(tenant_name).max_queued
     if cap is None:
         return
     hold_tenant_lock(session, tenant_id, namespace=QUEUE_LOCK_NAMESPACE)

@@ -29,8 +29,8 @@ from shared.store.fenced import (
     settle,
     shape_of,
 )
+from shared.store.step_write import terminal_values
 from shared.store.tables import RUNNABLE_STATUSES, Task, TaskStatus, in_order, utcnow
-from shared.store.writes import terminal_values
 from shared.views import TaskState, task_document
 
 # The task as it is now, with the database clock: what a lease decides from.

@@ -31,8 +31,8 @@ from shared.store.batch import Batch
 from shared.store.db import now_ms
 from shared.store.events import insert_events
 from shared.store.fenced import log_in_batch
+from shared.store.step_write import CANCELLED_ERROR, terminal_values
 from shared.store.tables import TERMINAL_STATUSES, Task, TaskStatus, in_order, runnable, utcnow
-from shared.store.writes import CANCELLED_ERROR, terminal_values
 from shared.views import task_document
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from kombu.exceptions import ChannelError
 
 from shared.queue import get_celery
-from shared.ratelimit.local import LocalLimiter
+from shared.ratelimit.in_process import LocalLimiter
 from shared.settings import Settings
 from shared.transport.base import Following, Listener, Transport
 

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from shared.scheduling import admission, lead, limits
+from shared.scheduling import admission, concurrency, lead
 from shared.scheduling.admission import PER_TENANT, PER_TENANT_MAX, Rotation
 from shared.store.db import transaction
 from shared.store.tables import Task
@@ -47,7 +47,7 @@ def _round(rotation: Rotation) -> int:
         lead.lock_round(session)
         found = admission.admission_round(
             session,
-            limits=limits.cached(session),
+            limits=concurrency.cached(session),
             capacity=1000,
             window=256,
             fair=True,

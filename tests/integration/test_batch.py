@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from shared.errors import CancelRequested, LeaseLost
-from shared.store import leases, writes
+from shared.store import leases, step_write
 from shared.store.backends import fetch_one, write_session
 from shared.store.db import transaction
 from shared.store.tables import Step, Task, TaskEvent, WebhookDelivery, utcnow
@@ -114,13 +114,13 @@ def test_a_refused_write_writes_nothing_at_all(client: TestClient, tenant: Tenan
     lease = ctx.lease
     stale = leases.Lease(**{**lease.__dict__, "epoch": lease.epoch - 1})
     before = (stored_document(task_id), len(events_of(task_id)))
-    done = writes.terminal_values("succeeded", result={"output": "x"}, steps=1)
+    done = step_write.terminal_values("succeeded", result={"output": "x"}, steps=1)
     with pytest.raises(LeaseLost), write_session() as session:
-        writes.write(
+        step_write.write(
             session,
             stale,
             task=ctx.task,
-            change=writes.TaskWrite(
+            change=step_write.TaskWrite(
                 done, (("step.completed", {"step": 1}), ("task.succeeded", task_document))
             ),
         )
@@ -139,7 +139,7 @@ def test_a_refused_write_writes_nothing_at_all(client: TestClient, tenant: Tenan
             Task.__table__.update().where(Task.id == task_id).values(cancel_requested_at=utcnow())
         )
     with pytest.raises(CancelRequested), write_session() as session:
-        writes.write(session, lease, task=ctx.task, change=writes.TaskWrite(done))
+        step_write.write(session, lease, task=ctx.task, change=step_write.TaskWrite(done))
     after = stored_document(task_id)
     assert after["cancel_requested_at"] is not None  # the client's, left for the worker
     assert after | {"cancel_requested_at": None} == before[0]
@@ -199,8 +199,8 @@ def test_each_delivery_names_the_event_it_carries_whatever_the_event_count(
         [("step.tool_call", {"n": 1}), ("step.completed", {"step": 0})],
     ):
         with write_session() as session:
-            change = writes.log_events(*events)
-            ctx.task = writes.write(session, ctx.lease, task=ctx.task, change=change).task
+            change = step_write.log_events(*events)
+            ctx.task = step_write.write(session, ctx.lease, task=ctx.task, change=change).task
     by_seq = {e.seq: e.type for e in events_of(task_id)}
     with transaction() as session:
         rows = session.scalars(

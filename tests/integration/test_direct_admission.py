@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from shared.ops.fleet import get_fleet
 from shared.queue import get_celery
-from shared.scheduling import admission, limits
+from shared.scheduling import admission, concurrency
 from shared.settings import get_settings
 from shared.store.db import transaction
 from shared.store.tables import Task
@@ -109,7 +109,7 @@ def test_work_left_waiting_for_room_closes_the_gate_so_nothing_overtakes_it(
     first, second = make_tenant(), make_tenant()
     with leading() as dispatcher:
         with transaction() as session:
-            used = admission.in_use(session, limits.cached(session)).total
+            used = admission.in_use(session, concurrency.cached(session)).total
         # One slot left in the fleet (beside what earlier tests hold, if anything).
         dispatcher.settings = dispatcher.settings.model_copy(update={"dispatch_capacity": used + 1})
         assert dispatcher.round().spare

@@ -21,7 +21,7 @@ from sqlalchemy import select, update
 from shared.errors import LeaseLost
 from shared.failpoints import InjectedFault
 from shared.settings import get_settings
-from shared.store import leases, tasks, writes
+from shared.store import leases, step_write, tasks
 from shared.store.backends import write_session
 from shared.store.db import now_ms, transaction
 from shared.store.tables import Step, Task, TaskEvent, ToolCall
@@ -452,9 +452,11 @@ def test_a_write_between_the_lease_read_and_its_update_refuses_the_lease(
         row = real_fetch(session, statement, params)
         if statement is leases.READ_TASK and not done:
             done.append(True)
-            values = writes.release_values(old.lease, delay_ms=0, model_failures=3)
+            values = step_write.release_values(old.lease, delay_ms=0, model_failures=3)
             with write_session() as other:
-                writes.write(other, old.lease, task=old.task, change=writes.TaskWrite(values))
+                step_write.write(
+                    other, old.lease, task=old.task, change=step_write.TaskWrite(values)
+                )
         return row
 
     monkeypatch.setattr(leases, "fetch_one", read_then_zombie_writes)
@@ -487,9 +489,9 @@ def test_a_worker_of_an_old_lease_cannot_write_after_a_poison_fail_and_a_retry(
     retried = client.post(f"/v1/tasks/{task_id}/retry", headers=tenant.headers)
     assert retried.status_code == 202, retried.text
 
-    done = writes.terminal_values("succeeded", result={"output": "stale"}, steps=1)
+    done = step_write.terminal_values("succeeded", result={"output": "stale"}, steps=1)
     with pytest.raises(LeaseLost), write_session() as session:
-        writes.write(session, zombie.lease, task=zombie.task, change=writes.TaskWrite(done))
+        step_write.write(session, zombie.lease, task=zombie.task, change=step_write.TaskWrite(done))
     assert task_row(task_id).status == "queued"
 
 

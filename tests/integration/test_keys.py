@@ -359,7 +359,7 @@ def tenant_limits(
     monkeypatch: pytest.MonkeyPatch, make_tenant: Callable[..., TenantHandle]
 ) -> Iterator[tuple[TenantHandle, TenantHandle]]:
     """Two admin tenants, each with rate limits of its own."""
-    from shared.ratelimit.limits import _load
+    from shared.ratelimit.rules import _load
     from shared.settings import get_settings
 
     alice, bob = make_tenant(("admin",)), make_tenant(("admin",))

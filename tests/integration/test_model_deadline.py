@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shared.errors import ModelTransientError
-from shared.ratelimit.local import LocalLimiter
+from shared.ratelimit.in_process import LocalLimiter
 from shared.settings import get_settings
 from tests.fakes.openai_server import OpenAIServer, answer, drip
 from workers import model_calls

@@ -15,8 +15,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from shared.ratelimit.buckets import Bucket, LimiterUnavailable, Take
+from shared.ratelimit.in_process import LocalLimiter
 from shared.ratelimit.limiter import RedisLimiter
-from shared.ratelimit.local import LocalLimiter
 from tests.conftest import REDIS_URL, TenantHandle
 from tests.helpers import scripted_task
 
@@ -202,7 +202,7 @@ def test_local_limiter_has_the_same_semantics() -> None:
 
 @pytest.fixture
 def rate_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
-    from shared.ratelimit.limits import _load
+    from shared.ratelimit.rules import _load
     from shared.settings import get_settings
 
     def configure(json_limits: str) -> None:
@@ -335,20 +335,20 @@ def test_429s_halve_a_models_share_down_to_a_floor_and_it_creeps_back() -> None:
 def test_adaptive_limits_scale_the_models_buckets_only_when_on(
     rate_limits: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shared.ratelimit import limits
+    from shared.ratelimit import rules
     from shared.settings import get_settings
 
     model = f"test:{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("RATCHET_REDIS_URL", REDIS_URL)
     monkeypatch.setenv("RATCHET_BROKER_URL", REDIS_URL)
     rate_limits(f'{{"models": {{"{model}": {{"requests": 100, "tokens": 1000}}}}}}')
-    assert limits.after_429(model) is None  # off by default: a 429 only pauses the model
-    assert [t.bucket.rate for t in limits.call_takes(model, "t", 10)] == [100, 1000]
+    assert rules.after_429(model) is None  # off by default: a 429 only pauses the model
+    assert [t.bucket.rate for t in rules.call_takes(model, "t", 10)] == [100, 1000]
 
     monkeypatch.setenv("RATCHET_RATE_LIMIT_ADAPTIVE", "true")
     get_settings.cache_clear()
-    assert limits.after_429(model) == pytest.approx(0.5, abs=0.001)
-    takes = limits.call_takes(model, "t", 10)
+    assert rules.after_429(model) == pytest.approx(0.5, abs=0.001)
+    takes = rules.call_takes(model, "t", 10)
     halved = [pytest.approx(50, rel=0.01), pytest.approx(500, rel=0.01)]
     assert [t.bucket.rate for t in takes] == halved
     assert [t.bucket.burst for t in takes] == halved
@@ -360,7 +360,7 @@ def test_the_prompt_is_counted_only_for_a_tokens_bucket(
 ) -> None:
     """Counting a long conversation with a tokenizer is work of its own: a call that no
     tokens bucket applies to is not counted; one that two apply to is counted once."""
-    from shared.ratelimit import limits
+    from shared.ratelimit import rules
 
     requests_only, both = (f"test:{uuid.uuid4().hex[:8]}" for _ in range(2))
     tenant = f"t-{uuid.uuid4().hex[:8]}"
@@ -374,10 +374,10 @@ def test_the_prompt_is_counted_only_for_a_tokens_bucket(
         counts.append(42)
         return 42
 
-    takes = limits.call_takes(requests_only, "another", count)
+    takes = rules.call_takes(requests_only, "another", count)
     assert [t.cost for t in takes] == [1]
     assert counts == []
-    takes = limits.call_takes(both, tenant, count)
+    takes = rules.call_takes(both, tenant, count)
     assert [t.cost for t in takes] == [42, 42]
     assert counts == [42]
 

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Connection, func, select, text, update
 from sqlalchemy.orm import Session
 
-from shared.scheduling import admission, limits
+from shared.scheduling import admission, concurrency
 from shared.store.db import get_engine, transaction
 from shared.store.tables import Schedule, Task
 from tests.conftest import REDIS_URL, TenantHandle, environment
@@ -34,13 +34,13 @@ def settings(**values: Any) -> Iterator[None]:
         for k, v in values.items()
     }
     with environment(env):
-        limits._configured.cache_clear()
-        limits.forget_cache()
+        concurrency._configured.cache_clear()
+        concurrency.forget_cache()
         try:
             yield
         finally:
-            limits._configured.cache_clear()
-            limits.forget_cache()
+            concurrency._configured.cache_clear()
+            concurrency.forget_cache()
 
 
 def submit(client: TestClient, tenant: TenantHandle, **extra: Any) -> str:
@@ -254,7 +254,7 @@ def test_the_backlogs_reads_use_its_partial_indexes_under_generic_plans(
         before = index_scans(conn)
         conn.commit()
         for _ in range(8):  # past the driver's prepare threshold: a prepared, generic plan
-            admission.in_use(session, limits.cached(session))
+            admission.in_use(session, concurrency.cached(session))
             admission.candidates(session, per_tenant=8, fair=True)
             conn.commit()
         conn.execute(text("SELECT pg_stat_force_next_flush()"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.dialects import postgresql as dialects
 
-from shared.store import fenced, leases, writes
+from shared.store import fenced, leases, step_write
 from shared.store.backends import postgresql
 from shared.store.batch import Batch, Increment
 from shared.store.checkpoints import complete_checkpoint
@@ -21,7 +21,7 @@ def write_batch(**values: object) -> Batch:
     changes = {"lease_expires_ms": fenced.FromNow(1), **values}
     shape = fenced.shape_of(changes)
     return Batch(
-        fence=writes._write_statement(shape, honour_cancel=True),
+        fence=step_write._write_statement(shape, honour_cancel=True),
         key=("write", shape, True),
         params={},
         events=[("step.completed", {"step": 1})],
@@ -63,7 +63,7 @@ def test_a_compare_and_set_binds_the_row_as_read_apart_from_what_it_writes() -> 
         assert written
         assert not read & written, (read, written)
         assert written == set(fenced.params_of(changes))
-    terminal = {**writes.terminal_values("failed", error={}), "lease_epoch": Increment(1)}
+    terminal = {**step_write.terminal_values("failed", error={}), "lease_epoch": Increment(1)}
     poison = leases._poison_statement(fenced.shape_of(terminal))
     assert "b_updated_at" not in bound_names(poison.whereclause)
 

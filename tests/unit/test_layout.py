@@ -223,7 +223,7 @@ def updates_of_the_task_row(path: Path) -> list[int]:
 
 def test_only_the_store_updates_the_task_row() -> None:
     """One write path per row type: whoever changes a task says what happened through the
-    store's operations (shared/store/tasks.py, leases.py, writes.py), which own its columns."""
+    store's operations (shared/store/tasks.py, leases.py, step_write.py), which own its columns."""
     elsewhere = [
         f"{where}:{line}"
         for path in product_modules()
@@ -231,3 +231,34 @@ def test_only_the_store_updates_the_task_row() -> None:
         for line in updates_of_the_task_row(path)
     ]
     assert elsewhere == []
+
+
+# A module's name says what it holds, so no two product modules (or packages) share one,
+# except one resource seen from its layers: its HTTP routes (api/routes/), its HTTP schemas
+# (api/schemas/) and its use cases (shared/actions/) are named for the resource, as is at most
+# one domain home behind them (shared/store/tasks.py, shared/ops/fleet.py, shared/webhooks/…).
+RESOURCE_LAYERS = ("api/routes", "api/schemas", "shared/actions")
+# Names that mean the same thing wherever they appear: ``base`` is the interface of a family
+# whose implementations sit beside it (workers/providers/, shared/transport/).
+PARALLEL_NAMES = frozenset({"base"})
+
+
+def homes_by_name() -> dict[str, list[str]]:
+    homes: dict[str, list[str]] = {}
+    modules = [path for path in product_modules() if path.name != "__init__.py"]
+    folders = {path.parent for path in product_modules()} - {ROOT / p for p in PRODUCT}
+    for path in [*modules, *folders]:
+        folder = str(path.parent.relative_to(ROOT))
+        homes.setdefault(path.stem, []).append(folder)
+    return homes
+
+
+def test_no_two_modules_share_a_name_but_one_resources_layers() -> None:
+    confusable = {
+        name: sorted(folders)
+        for name, folders in homes_by_name().items()
+        if len(folders) > 1
+        and name not in PARALLEL_NAMES
+        and sum(folder not in RESOURCE_LAYERS for folder in folders) > 1
+    }
+    assert confusable == {}

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from shared.errors import ModelError, ModelPermanentError, ModelTransientError
-from shared.ratelimit.local import LocalLimiter
+from shared.ratelimit.in_process import LocalLimiter
 from shared.settings import get_settings
 from workers import model_calls
 from workers.providers import ModelRequest, ModelResponse

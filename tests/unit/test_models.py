@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import InvalidRequest, ModelRateLimited, ModelTransientError
-from shared.providers import parse_model
+from shared.model_strings import parse_model
 from workers.providers.base import ModelRequest, parse_arguments, parse_retry_after
 from workers.providers.scripted import ScriptedProvider
 

@@ -33,13 +33,13 @@ from shared.store.fenced import (
 )
 from shared.store.leases import next_lease
 from shared.store.ledger import CallStatus
-from shared.store.tables import TERMINAL_STATUSES, Task, TaskStatus, ToolCall, in_order
-from shared.store.writes import (
+from shared.store.step_write import (
     progress_values,
     release_values,
     terminal_values,
     usage_values,
 )
+from shared.store.tables import TERMINAL_STATUSES, Task, TaskStatus, ToolCall, in_order
 from tests.unit.builders import CLOCK_MS, CREATED, TTL_MS, db_row, lease_on, task_state
 
 LATER_MS = CLOCK_MS + 1_234  # the database clock when a later write commits

@@ -99,7 +99,7 @@ def test_a_task_runs_to_the_end_with_every_row_and_event() -> None:
 @pytest.mark.usefixtures("sqlite_env")
 def test_a_stale_lease_writes_nothing() -> None:
     from shared.errors import LeaseLost
-    from shared.store import leases, writes
+    from shared.store import leases, step_write
     from shared.store.backends import write_session
     from shared.store.db import transaction
     from shared.store.tables import Task, TaskEvent
@@ -110,11 +110,11 @@ def test_a_stale_lease_writes_nothing() -> None:
     assert ctx is not None
     stale = leases.Lease(**{**ctx.lease.__dict__, "epoch": ctx.lease.epoch - 1})
     with pytest.raises(LeaseLost), write_session() as session:
-        writes.write(
+        step_write.write(
             session,
             stale,
             task=ctx.task,
-            change=writes.TaskWrite({"steps": 1}, (("step.completed", {}),)),
+            change=step_write.TaskWrite({"steps": 1}, (("step.completed", {}),)),
         )
     with transaction() as session:
         task = session.get(Task, task_id)

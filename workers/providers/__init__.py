@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from shared.providers import parse_model
+from shared.model_strings import parse_model
 from shared.settings import get_settings
 from workers.providers.base import ModelRequest, ModelResponse, Provider, ToolCallRequest
 

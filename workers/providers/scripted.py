@@ -11,7 +11,7 @@ import threading
 import time
 
 from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
-from shared.providers import Script, ScriptTurn
+from shared.model_strings import Script, ScriptTurn
 from shared.settings import get_settings
 from workers.providers.base import ModelRequest, ModelResponse, ToolCallRequest, estimate_tokens
 

@@ -19,8 +19,7 @@ from shared.pricing import cost_usd
 from shared.settings import get_settings
 from shared.store import checkpoints
 from shared.store.events import model_response_data
-from shared.store.tables import TaskStatus, utcnow
-from shared.store.writes import (
+from shared.store.step_write import (
     CANCELLED_ERROR,
     TaskWrite,
     add_usage,
@@ -28,13 +27,14 @@ from shared.store.writes import (
     log_events,
     release,
 )
+from shared.store.tables import TaskStatus, utcnow
 from shared.views import TaskState
 from workers import cancels, heartbeat, model_calls
 from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import ToolSchema
+from workers.steps.commits import TaskEnded, cancel, fail, fenced
 from workers.steps.context import Context
 from workers.steps.tools import start_with_response
-from workers.steps.writes import TaskEnded, cancel, fail, fenced
 
 log = logging.getLogger("ratchet.step")
 

@@ -37,11 +37,11 @@ from shared.views import TaskState
 from workers import cancels, heartbeat
 from workers.providers import ModelResponse
 from workers.providers.base import Message
-from workers.steps import approvals
+from workers.steps import approval_waits
+from workers.steps.commits import TaskEnded, after_commit, complete_current_step, fail, fenced
 from workers.steps.context import Context, following_context, load_context, read_back, worker_id
 from workers.steps.model import call_model, check_limits, record_response
 from workers.steps.tools import run_tool_call
-from workers.steps.writes import TaskEnded, after_commit, complete_current_step, fail, fenced
 
 log = logging.getLogger("ratchet.step")
 
@@ -270,18 +270,18 @@ def run_step(ctx: Context) -> bool:
         response = answer.response
     else:
         response = ModelResponse.from_dict(ctx.step_row.response)
-    waiting = approvals.find_waiting(ctx, response)
+    waiting = approval_waits.find_waiting(ctx, response)
     ready = [p for p in range(len(response.tool_calls)) if p not in waiting]
     completed, asked = False, frozenset[str]()
     for position in ready:  # the last commits the step's completion, unless calls wait
         last = not waiting and position == ready[-1]
         try:
             completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
-        except approvals.AskAgain as ask:  # the calls after it run once it is decided
+        except approval_waits.AskAgain as ask:  # the calls after it run once it is decided
             waiting, asked = sorted({*waiting, position}), frozenset({ask.call_id})
             break
     if waiting:
-        approvals.wait(ctx, response, waiting, asked=asked)
+        approval_waits.wait(ctx, response, waiting, asked=asked)
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(ctx) as writes:
             writes.set(complete_current_step(ctx))

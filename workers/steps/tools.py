@@ -18,13 +18,13 @@ from shared.store import checkpoints, ledger
 from shared.store.batch import Part
 from shared.store.events import tool_call_data
 from shared.store.ledger import CallStatus
+from shared.store.step_write import finish_task, log_events
 from shared.store.tables import TaskStatus
-from shared.store.writes import finish_task, log_events
 from workers import cancels, tool_runner
 from workers.providers import ToolCallRequest
-from workers.steps import approvals
+from workers.steps import approval_waits
+from workers.steps.commits import TaskEnded, cancel, complete_current_step, fenced
 from workers.steps.context import Context
-from workers.steps.writes import TaskEnded, cancel, complete_current_step, fenced
 
 
 def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: bool) -> bool:
@@ -39,9 +39,9 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     tool = ctx.tools.get(call.name)
     if (
         row is not None and row.status == CallStatus.AWAITING
-    ):  # decided: see workers.steps.approvals
+    ):  # decided: see workers.steps.approval_waits
         if row.decision == Decision.REJECT:
-            rejected = tool_runner.Outcome(ok=False, error=approvals.describe_rejection(row))
+            rejected = tool_runner.Outcome(ok=False, error=approval_waits.describe_rejection(row))
             finish = ledger.reject_call(call_id, error=rejected.error or "")
             record_outcome(
                 ctx, call_id=call_id, name=call.name, outcome=rejected, last=last, finish=finish
@@ -104,7 +104,7 @@ def start_with_response(ctx: Context, calls: list[ToolCallRequest]) -> Part | No
     tool = ctx.tools.get(call.name)
     if tool is None or not tool.idempotent or call_id in ctx.calls:
         return None
-    if call.invalid_arguments is not None or approvals.needs_approval(ctx, call):
+    if call.invalid_arguments is not None or approval_waits.needs_approval(ctx, call):
         return None
     ctx.started.add(call_id)
     return _start_call(ctx, 0, call)
@@ -195,7 +195,7 @@ def resolve_unknown_outcome(
     )
     unknown = tool_runner.Outcome(ok=False, error=message)
     if tool.on_unknown_outcome == "ask":
-        raise approvals.AskAgain(call_id)
+        raise approval_waits.AskAgain(call_id)
     if tool.on_unknown_outcome == "tell_model":
         record_outcome(ctx, call_id=call_id, name=tool.name, outcome=unknown, last=last)
         return last

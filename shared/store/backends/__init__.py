@@ -31,7 +31,7 @@ Upsert = PostgreSQLInsert | SQLiteInsert
 class Backend(Protocol):
     name: str
     # Whether a row lock can fence a write that changes nothing of the row (see
-    # ``shared.store.writes``): PostgreSQL's ``FOR NO KEY UPDATE``; SQLite has no row locks.
+    # ``shared.store.step_write``): PostgreSQL's ``FOR NO KEY UPDATE``; SQLite has no row locks.
     locks_rows: bool
 
     def make_engine(

@@ -13,14 +13,14 @@ from shared.actions import effects
 from shared.errors import CancelRequested
 from shared.store.backends import write_session
 from shared.store.batch import Part
-from shared.store.tables import TaskStatus
-from shared.store.writes import (
+from shared.store.step_write import (
     CANCELLED_ERROR,
     TaskWrite,
     complete_step,
     finish_task,
     write,
 )
+from shared.store.tables import TaskStatus
 from workers import webhook_sender
 from workers.steps.context import Context, worker_id
 
@@ -52,7 +52,7 @@ class Writes:
     deliveries: list[str] = field(default_factory=list)
 
     def set(self, change: TaskWrite) -> None:
-        """What the write does to the task (an intent of ``shared.store.writes``)."""
+        """What the write does to the task (an intent of ``shared.store.step_write``)."""
         self.change = change
 
     def add(self, *parts: Part) -> None:

@@ -16,10 +16,10 @@ from shared.settings import get_settings
 from shared.store import ledger
 from shared.store.batch import Part
 from shared.store.ledger import CallStatus
-from shared.store.writes import await_approval
+from shared.store.step_write import await_approval
 from workers.providers import ModelResponse, ToolCallRequest
+from workers.steps.commits import TaskEnded, fenced
 from workers.steps.context import Context
-from workers.steps.writes import TaskEnded, fenced
 
 
 class AskAgain(Exception):
