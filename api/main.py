@@ -34,7 +34,8 @@ from api.routes import (
     webhook_endpoints,
     webhooks,
 )
-from api.schemas import document_submission, forbid_nul_in_request_bodies
+from api.schemas.fields import forbid_nul_in_request_bodies
+from api.schemas.tasks import document_submission
 from api.security_headers import SecurityHeadersMiddleware
 from api.shutdown import on_exit_signal
 from api.url_credentials import UrlCredentialsMiddleware

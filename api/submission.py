@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from api.problems import field_name
-from api.schemas import MAX_DELAY_SECONDS, TaskCreate
+from api.schemas.tasks import MAX_DELAY_SECONDS, TaskCreate
 from shared.actions import tasks as task_actions
 from shared.actions.tasks import Submitted
 from shared.agents.registry import get_agent, get_registry

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import Reader
 from api.params import cursor_after, encode_cursor
-from api.schemas import AgentList, AgentOut, ToolOut
+from api.schemas.agents import AgentList, AgentOut, ToolOut
 from shared.agents.registry import get_registry
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])

@@ -3,43 +3,17 @@ for one. Scope ``tasks:approve`` (which ``tasks:write`` includes)."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
-
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import Approver, SessionDep
 from api.problems import responses
+from api.schemas.approvals import ApprovalDecision, ApprovalOut
 from shared.actions import approvals
 from shared.actions.effects import after_commit
 from shared.approvals.decisions import Decided
-from shared.views import TaskView, aware, task_view
+from shared.views import aware, task_view
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
-
-
-class ApprovalDecision(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    decision: Literal["approve", "edit", "reject"]
-    arguments: dict[str, Any] | None = Field(
-        None, description="for `edit`: the arguments to run the call with (checked by its tool)"
-    )
-    reason: str | None = Field(None, max_length=2000, description="why; the model reads it")
-
-
-class ApprovalOut(BaseModel):
-    call_id: str
-    tool: str
-    arguments: dict[str, Any] = Field(description="as the call runs (edited, if it was)")
-    original_arguments: dict[str, Any] | None = Field(description="the model's, if edited")
-    decision: str
-    decided_by: str
-    decided_at: datetime | None
-    reason: str | None
-    replayed: bool = Field(description="this decision had been made before: nothing changed")
-    task: TaskView
 
 
 def approval_out(decided: Decided) -> ApprovalOut:

@@ -8,78 +8,26 @@ key). A tenant holds at most ``RATCHET_MAX_KEYS_PER_TENANT`` live keys made here
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from api import params
 from api.deps import Admin, SessionDep, verified_keys
 from api.params import cursor_after
 from api.problems import responses
+from api.schemas.keys import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate
 from shared.actions import keys as key_actions
 from shared.actions.keys import BeyondReach
 from shared.errors import InvalidRequest
 from shared.settings import get_settings
 from shared.store import tenants
-from shared.store.tables import ApiKey, utcnow
-from shared.store.tenants import MAX_ROTATION_GRACE, OPERATOR
+from shared.store.tables import ApiKey
+from shared.store.tenants import OPERATOR
 from shared.views import aware
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
-MAX_LIFETIME_SECONDS = 10 * 365 * 24 * 3600
-
-
-class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str | None = Field(None, min_length=1, max_length=100)
-    scopes: list[str] = Field(default_factory=lambda: list(tenants.DEFAULT_SCOPES), min_length=1)
-    expires_at: AwareDatetime | None = None
-    expires_in_seconds: int | None = Field(None, gt=0, le=MAX_LIFETIME_SECONDS)
-
-    @model_validator(mode="after")
-    def _one_expiry(self) -> KeyCreate:
-        if self.expires_at is not None and self.expires_in_seconds is not None:
-            raise ValueError("give expires_at or expires_in_seconds, not both")
-        return self
-
-    def expiry(self) -> datetime | None:
-        if self.expires_in_seconds is not None:
-            return utcnow() + timedelta(seconds=self.expires_in_seconds)
-        return self.expires_at
-
-
-class KeyRotate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    grace_seconds: int = Field(
-        0,
-        ge=0,
-        le=int(MAX_ROTATION_GRACE.total_seconds()),
-        description="how long the old key keeps working (default: it stops at once)",
-    )
-
-
-class KeyOut(BaseModel):
-    id: str
-    prefix: str
-    name: str | None
-    scopes: list[str]
-    created_at: datetime
-    expires_at: datetime | None
-    last_used_at: datetime | None
-    revoked_at: datetime | None
-
-
-class KeyCreated(KeyOut):
-    key: str = Field(description="the API key itself: shown this once, never again")
-
-
-class KeyList(BaseModel):
-    items: list[KeyOut]
-    next_cursor: str | None
 
 
 def _fields(row: ApiKey) -> dict[str, Any]:

@@ -6,14 +6,13 @@ its own tenant's buckets and nothing else."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Response
-from pydantic import BaseModel, Field
 
 from api.deps import Admin, Operator, SessionDep
 from api.problems import responses
+from api.schemas.limits import ConcurrencyView, LimitOut
 from shared.actions import limits as limit_actions
 from shared.ratelimit.buckets import Bucket, LimiterUnavailable
 from shared.ratelimit.rules import configured_buckets, tenant_buckets
@@ -66,33 +65,6 @@ NamePath = Annotated[
         "every agent)",
     ),
 ]
-
-
-class LimitOut(BaseModel):
-    kind: str
-    name: str
-    spec: dict[str, Any]
-    source: Literal["runtime", "configuration"]
-    updated_by: str | None = None
-    updated_at: datetime | None = None
-
-
-class ConcurrencyUsage(BaseModel):
-    """What a tenant, an agent or a pool holds now."""
-
-    running: int = Field(description="admitted now: running, or its message on the way")
-    waiting: int = Field(0, description="in the backlog (tenants only)")
-    queued: int = Field(0, description="of those waiting, how many never started (tenants only)")
-
-
-class ConcurrencyView(BaseModel):
-    fair_scheduling: bool
-    limits: list[LimitOut]
-    tenants: dict[str, ConcurrencyUsage]
-    agents: dict[str, ConcurrencyUsage]
-    pools: dict[str, ConcurrencyUsage]
-    admitted: int = Field(description="tasks admitted fleet-wide")
-    in_queue: int = Field(description="of which still a message in the broker")
 
 
 @router.get(

@@ -17,7 +17,7 @@ from api.deps import Reader, SessionDep, Writer, with_connection
 from api.event_hub import hub
 from api.params import cursor_after, parse_seq
 from api.problems import responses
-from api.schemas import (
+from api.schemas.tasks import (
     CallApproval,
     FailedModelCall,
     StepList,

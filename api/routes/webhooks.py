@@ -6,12 +6,12 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
 
 from api import params
 from api.deps import Admin, Reader, SessionDep, Writer
 from api.params import cursor_after
 from api.problems import responses
+from api.schemas.webhooks import AttemptOut, DeliveryList, DeliveryOut, SecretOut
 from shared.actions import webhooks as webhook_actions
 from shared.actions.effects import after_commit
 from shared.settings import get_settings
@@ -21,40 +21,6 @@ from shared.webhooks import deliveries as webhook_deliveries
 from shared.webhooks import secrets as webhook_secrets
 
 router = APIRouter(tags=["webhooks"])
-
-
-class AttemptOut(BaseModel):
-    number: int
-    started_at: datetime
-    status_code: int | None
-    latency_ms: int
-    error: str | None
-
-
-class DeliveryOut(BaseModel):
-    id: str
-    webhook_id: str
-    event_type: str
-    event_seq: int
-    url: str
-    status: str
-    attempts: list[AttemptOut]
-    # Why the last try failed or was never made (e.g. refused by the egress policy at send
-    # time, when no request went out and so no attempt was logged).
-    last_error: str | None
-    next_attempt_at_ms: int | None
-    created_at: datetime
-    delivered_at: datetime | None
-
-
-class DeliveryList(BaseModel):
-    items: list[DeliveryOut]
-    next_cursor: str | None
-
-
-class SecretOut(BaseModel):
-    secret: str
-    previous_valid_until: datetime | None
 
 
 def _out(delivery: Any, attempts: list[Any]) -> DeliveryOut:

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from api import submission
-from api.schemas import TaskCreate
+from api.schemas.tasks import TaskCreate
 from ratchet import cli_schedules
 from ratchet import client as ratchet_client
 from ratchet.cli import app as cli

@@ -262,3 +262,23 @@ def test_no_two_modules_share_a_name_but_one_resources_layers() -> None:
         and sum(folder not in RESOURCE_LAYERS for folder in folders) > 1
     }
     assert confusable == {}
+
+
+def defines_a_pydantic_model(path: Path) -> bool:
+    return any(
+        isinstance(node, ast.ClassDef)
+        and any(isinstance(base, ast.Name) and base.id == "BaseModel" for base in node.bases)
+        for node in ast.parse(path.read_text()).body
+    )
+
+
+def test_the_http_schemas_live_in_api_schemas() -> None:
+    """A resource's request and response bodies are in api/schemas/<resource>.py; the routes
+    and the dashboard import them (problem+json's own bodies stay with its handler)."""
+    elsewhere = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "api").rglob("*.py"))
+        if path.parent.name != "schemas" and path.name != "problems.py"
+        if defines_a_pydantic_model(path)
+    ]
+    assert elsewhere == []

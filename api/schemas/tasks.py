@@ -1,97 +1,18 @@
-"""Request and response bodies. Pydantic classes, never ORM models."""
+"""``/v1/tasks``: a submission, a page of tasks, and a task's steps with their tool calls
+(the task itself answers as ``shared.views.TaskView``, which its webhooks carry too)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    HttpUrl,
-    Tag,
-    WithJsonSchema,
-)
-from typing_extensions import TypeAliasType
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, HttpUrl
 
+from api.schemas.fields import FINITE, JSON_VALUE_SCHEMA, JsonValue, MetadataValue, ShortText, Text
+from api.schemas.webhooks import DEFAULT_WEBHOOK_EVENTS
 from shared.model_strings import Script
 from shared.store.events import EventType
 from shared.views import TaskView, Usage
-
-DEFAULT_WEBHOOK_EVENTS: tuple[EventType, ...] = ("task.succeeded", "task.failed", "task.cancelled")
-
-
-def _no_nul(value: str) -> str:
-    # PostgreSQL can store no NUL character in text or jsonb: refuse it here, by field name,
-    # rather than fail the insert.
-    if "\x00" in value:
-        raise ValueError("must not contain the NUL character (\\u0000)")
-    return value
-
-
-def _json_kind(value: Any) -> str:
-    """Which member of a JSON union a value is, so a bad value reports only that member's error."""
-    if isinstance(value, bool):  # before int: a bool is an int
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, dict):
-        return "object"
-    return "array" if isinstance(value, list) else "null"
-
-
-# The schema's way of saying _no_nul, so a client (or a fuzzer) knows the rule too.
-NO_NUL = "^[^\\x00]*$"
-Text = Annotated[str, AfterValidator(_no_nul), Field(json_schema_extra={"pattern": NO_NUL})]
-ShortText = Annotated[Text, Field(min_length=1, max_length=200)]
-# Models that hold floats refuse NaN and ±Infinity (JSON has neither; 1e400 parses as inf).
-FINITE = ConfigDict(extra="forbid", allow_inf_nan=False)
-Scalar = (
-    Annotated[Text, Tag("string")]
-    | Annotated[bool, Tag("boolean")]
-    | Annotated[int, Tag("integer")]
-    | Annotated[float, Field(allow_inf_nan=False), Tag("number")]
-    | Annotated[None, Tag("null")]
-)
-# The schemas say "any JSON value" plainly: the tagged union's own would be a oneOf in
-# which an integer matches two members (integer and number), so no integer could pass.
-MetadataValue = Annotated[
-    Scalar,
-    Discriminator(_json_kind),
-    WithJsonSchema({"type": ["string", "number", "boolean", "null"], "pattern": NO_NUL}),
-]
-if TYPE_CHECKING:  # mypy cannot follow the recursive alias below
-    JsonValue = Any
-else:
-    JsonValue = TypeAliasType(
-        "JsonValue",
-        Annotated[
-            Scalar
-            | Annotated[list["JsonValue"], Tag("array")]
-            | Annotated[dict[Text, "JsonValue"], Tag("object")],
-            Discriminator(_json_kind),
-            WithJsonSchema({}),  # the OpenAPI document says more: JSON_VALUE_SCHEMA
-        ],
-    )
-# Any JSON value with no NUL in a string or a key: each keyword applies to one JSON type
-# only, so together they constrain strings, arrays and objects, at any depth. (Set in the
-# OpenAPI document, not above: pydantic resolves every $ref it is given.)
-JSON_VALUE_SCHEMA = {
-    "description": "any JSON value; no string or key holds a NUL character",
-    "pattern": NO_NUL,
-    "items": {"$ref": "#/components/schemas/JsonValue"},
-    "propertyNames": {"pattern": NO_NUL},
-    "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
-}
-
 
 MODEL_OPTIONS_EXAMPLE: Any = {
     "script": [
@@ -286,31 +207,6 @@ class StepList(BaseModel):
     )
 
 
-class ToolOut(BaseModel):
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    idempotent: bool
-    requires_approval: bool = Field(
-        description="whether its calls wait for a person: always, or as a predicate over the "
-        "arguments decides (a submission may ask for more)"
-    )
-    timeout: float | None
-
-
-class AgentOut(BaseModel):
-    name: str
-    description: str
-    model: str | None
-    max_steps: int | None
-    tools: list[ToolOut]
-
-
-class AgentList(BaseModel):
-    items: list[AgentOut]
-    next_cursor: str | None
-
-
 def document_submission(components: dict[str, Any]) -> None:
     """Add the submit body to an OpenAPI document's schemas, with what pydantic cannot say
     there (it resolves every ``$ref`` it meets): JSON values without NUL, and the script."""
@@ -322,40 +218,3 @@ def document_submission(components: dict[str, Any]) -> None:
     components["JsonValue"] = JSON_VALUE_SCHEMA
     body["properties"]["model_options"]["properties"] = {"script": script["properties"]["script"]}
     components["TaskCreate"] = body
-
-
-def forbid_nul_in_request_bodies(document: dict[str, Any]) -> None:
-    """Say in the schema of every request body what api/body_text.py enforces on all of them:
-    no string or key holds a NUL. A string with a pattern, a format or an enum of its own
-    already rules it out; an object of free-form values gets ``JsonValue``'s."""
-    components = document.get("components", {}).get("schemas", {})
-    seen: set[str] = set()
-    pending: list[Any] = [
-        media.get("schema")
-        for path in document.get("paths", {}).values()
-        for operation in path.values()
-        if isinstance(operation, dict)
-        for media in operation.get("requestBody", {}).get("content", {}).values()
-    ]
-    while pending:
-        schema = pending.pop()
-        if isinstance(schema, list):
-            pending.extend(schema)
-        if not isinstance(schema, dict):
-            continue
-        ref = schema.get("$ref", "")
-        name = ref.rpartition("/")[2]
-        if ref.startswith("#/components/schemas/") and name not in seen:
-            seen.add(name)
-            pending.append(components.get(name))
-        _forbid_nul(schema)
-        pending.extend(v for k, v in schema.items() if k not in ("examples", "example", "enum"))
-
-
-def _forbid_nul(schema: dict[str, Any]) -> None:
-    if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(schema):
-        schema["pattern"] = NO_NUL
-    if schema.get("type") == "object" and schema.get("additionalProperties") is True:
-        schema["additionalProperties"] = {"$ref": "#/components/schemas/JsonValue"}
-    if schema.get("type") == "object" and "additionalProperties" in schema:
-        schema.setdefault("propertyNames", {"pattern": NO_NUL})
