@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+import threading
 from ipaddress import ip_network
 from pathlib import Path
 from typing import Annotated, Literal
@@ -354,9 +354,40 @@ class Settings(BaseSettings):
         return self.effective_broker_url.startswith("memory://")
 
 
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()
+class _SettingsCache:
+    """The process's one ``Settings``, made on first use; ``cache_clear()`` makes the next call
+    read the environment again (tests and a CLI command that changes it).
+
+    Unlike ``functools.lru_cache``, a ``Settings`` that was being made while the cache was
+    cleared is not kept: it may have read the environment from before the change, and a thread
+    that was reading it then (a background thread of the worker or the API) would otherwise
+    hand every later caller the old settings."""
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+        self._generation = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Settings:
+        found = self._settings
+        if found is not None:
+            return found
+        generation = self._generation
+        made = Settings()
+        with self._lock:
+            if self._generation != generation:
+                return made  # cleared meanwhile: good for this caller, not kept for the next
+            if self._settings is None:
+                self._settings = made
+            return self._settings
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._settings = None
+
+
+get_settings = _SettingsCache()
 
 
 def describe_invalid(exc: ValidationError | SettingsError) -> str:
