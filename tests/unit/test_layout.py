@@ -282,3 +282,19 @@ def test_the_http_schemas_live_in_api_schemas() -> None:
         if defines_a_pydantic_model(path)
     ]
     assert elsewhere == []
+
+
+def test_every_folder_of_modules_is_a_package() -> None:
+    # A folder without __init__.py is a namespace package: nothing says what lives in it, and
+    # the rule above never sees it.
+    bare = [
+        str(folder.relative_to(ROOT))
+        for package in PRODUCT
+        for folder in (ROOT / package).rglob("*")
+        if folder.is_dir()
+        and "__pycache__" not in folder.parts
+        and "migrations" not in folder.parts
+        and any(folder.glob("*.py"))
+        and not (folder / "__init__.py").exists()
+    ]
+    assert bare == []
