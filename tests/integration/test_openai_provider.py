@@ -241,3 +241,22 @@ def test_a_rate_limit_waits_as_long_as_retry_after_says(
     first, second = fake.requests
     assert second.at - first.at >= 1.0
     assert _task(client, tenant, task_id)["result"] == {"output": "Done."}
+
+
+def test_text_the_store_cannot_hold_from_the_model_is_kept_spelled_out(
+    fake: OpenAIServer, client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    # A model talked into writing a NUL (or a lone surrogate) must not make its checkpoint
+    # fail on every attempt: PostgreSQL's jsonb holds neither.
+    fake.reply(
+        tool_call("calculator", {"expression": "6*7\u0000", "note\u0000": "\ud800"}),
+        answer("The answer\u0000 is 42."),
+    )
+    task_id = _submit(client, tenant)
+
+    assert drive(task_id) == "succeeded"
+    task = _task(client, tenant, task_id)
+    assert task["result"] == {"output": "The answer\\x00 is 42."}
+    (first, _) = _steps(client, tenant, task_id)
+    (call,) = first["tool_calls"]
+    assert call["arguments"] == {"expression": "6*7\\x00", "note\\x00": "\\ud800"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import Any, NoReturn
@@ -35,6 +35,7 @@ from workers.providers.base import ToolSchema
 from workers.steps.commits import TaskEnded, cancel, fail, fenced
 from workers.steps.context import Context
 from workers.steps.tools import start_with_response
+from workers.tool_runner import storable_text
 
 log = logging.getLogger("ratchet.step")
 
@@ -105,7 +106,40 @@ def call_model(ctx: Context) -> Answer:
                 "gen_ai.usage.output_tokens": response.output_tokens,
             }
         )
-    return Answer(response, int((time.monotonic() - started) * 1000), started_at)
+    return Answer(storable(response), int((time.monotonic() - started) * 1000), started_at)
+
+
+def storable(response: ModelResponse) -> ModelResponse:
+    """The answer as the store holds it: a NUL character or a lone surrogate that the model
+    wrote (PostgreSQL's ``jsonb`` takes neither, and a model can be talked into writing one)
+    spelled out as an escape, in its text and in its tool calls' ids, names and arguments, rather
+    than a checkpoint that fails on every attempt."""
+    return replace(
+        response,
+        content=None if response.content is None else storable_text(response.content),
+        tool_calls=[
+            replace(
+                call,
+                id=storable_text(call.id),
+                name=storable_text(call.name),
+                arguments=_storable_value(call.arguments),
+                invalid_arguments=None
+                if call.invalid_arguments is None
+                else storable_text(call.invalid_arguments),
+            )
+            for call in response.tool_calls
+        ],
+    )
+
+
+def _storable_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {storable_text(str(k)): _storable_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable_value(item) for item in value]
+    return value
 
 
 def defer(
