@@ -64,7 +64,7 @@ def test_every_bomb_is_refused_at_once() -> None:
             text=True,
             timeout=CHILD_TIMEOUT_SECONDS,
             check=True,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[4],  # the checkout, where the product imports from
         )
         lines = child.stdout.splitlines()
     except subprocess.TimeoutExpired as exc:

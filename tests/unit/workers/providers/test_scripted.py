@@ -1,12 +1,11 @@
-"""The scripted model, the provider plumbing and model strings, with no services."""
+"""The scripted model: turn n answers call n, error turns fail as told, with no services."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.errors import InvalidRequest, ModelRateLimited, ModelTransientError
-from shared.model_strings import parse_model
-from workers.providers.base import ModelRequest, parse_arguments, parse_retry_after
+from shared.errors import ModelRateLimited, ModelTransientError
+from workers.providers.base import ModelRequest
 from workers.providers.scripted import ScriptedProvider
 
 
@@ -65,25 +64,3 @@ def test_error_turns_fail_n_times_then_answer(error: str, exc: type[Exception]) 
         with pytest.raises(exc):
             provider.complete(request(script, 1))
     assert provider.complete(request(script, 1)).content == "ok"
-
-
-def test_model_strings() -> None:
-    assert parse_model("openai:gpt-4o-mini") == ("openai", "gpt-4o-mini")
-    assert parse_model("scripted") == ("scripted", "")
-    with pytest.raises(InvalidRequest, match="unknown model provider"):
-        parse_model("nope:x")
-    with pytest.raises(InvalidRequest):
-        parse_model("openai")
-
-
-def test_retry_after_accepts_seconds_and_http_dates() -> None:
-    assert parse_retry_after("3") == 3.0
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
-    assert parse_retry_after(None) is None
-    assert parse_retry_after("soon") is None
-
-
-def test_malformed_tool_arguments_are_kept_raw() -> None:
-    assert parse_arguments('{"a": 1}') == ({"a": 1}, None)
-    assert parse_arguments("{oops") == ({}, "{oops")
-    assert parse_arguments("[1]") == ({}, "[1]")
