@@ -298,3 +298,32 @@ def test_every_folder_of_modules_is_a_package() -> None:
         and not (folder / "__init__.py").exists()
     ]
     assert bare == []
+
+
+# Unit tests mirror the product (tests/unit/shared/store/test_leases.py tests
+# shared/store/leases.py), so a reader finds a module's tests by its name; a package's own
+# tests are named for it (tests/unit/shared/transport/test_transport.py). Suites about the
+# repository as a whole sit at the top of tests/unit/.
+MIRRORED = ("shared", "workers", "api")
+
+
+def names_a_product_module(test: Path) -> bool:
+    """Whether ``tests/unit/<folder>/test_<name>.py`` names ``<folder>/<name>.py``, the
+    package ``<folder>/<name>/``, or the package ``<folder>`` itself when it is ``<name>``."""
+    folder = ROOT / test.parent.relative_to(ROOT / "tests" / "unit")
+    name = test.stem.removeprefix("test_")
+    return (
+        (folder / f"{name}.py").is_file()
+        or (folder / name / "__init__.py").is_file()
+        or (folder.name == name and (folder / "__init__.py").is_file())
+    )
+
+
+def test_every_unit_test_module_names_the_product_module_it_tests() -> None:
+    misnamed = [
+        str(test.relative_to(ROOT))
+        for package in MIRRORED
+        for test in sorted((ROOT / "tests" / "unit" / package).rglob("test_*.py"))
+        if not names_a_product_module(test)
+    ]
+    assert misnamed == []
