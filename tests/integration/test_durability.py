@@ -246,16 +246,29 @@ def test_stale_message_for_a_committed_step_is_dropped(
     assert events(task_id) == before
 
 
-def test_poison_step_fails_with_worker_lost(
-    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+@pytest.mark.parametrize(
+    ("past", "reason"),
+    [
+        pytest.param({"attempt": 5}, "worker_lost", id="poison-step"),
+        pytest.param({"deadline_ms": 1}, "deadline_exceeded", id="deadline"),
+    ],
+)
+def test_a_task_past_its_attempts_or_deadline_fails_and_says_why(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    past: dict[str, int],
+    reason: str,
 ) -> None:
-    task_id = submit(client, tenant, scripted_task(calculator_script(2)))
+    """A step that has taken its attempts (a poison step) or a task past its deadline fails
+    the task, with the reason in its error and ``task.failed`` as its last event."""
+    task_id = submit(client, tenant, scripted_task(calculator_script(3)))
     with transaction() as session:
-        session.execute(update(Task).where(Task.id == task_id).values(attempt=5))
+        session.execute(update(Task).where(Task.id == task_id).values(**past))
     assert drive(task_id) == "failed"
     error = task_row(task_id).error
     assert error is not None
-    assert error["type"] == "worker_lost"
+    assert error["type"] == reason
     assert events(task_id)[-1] == "task.failed"
 
 
@@ -361,18 +374,6 @@ def test_limits_end_the_task_with_the_reason(
     assert tokens_error is not None
     assert tokens_error["type"] == "budget_exceeded"
     assert task_row(tokens).input_tokens == 900
-
-
-def test_deadline_ends_the_task(
-    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
-) -> None:
-    task_id = submit(client, tenant, scripted_task(calculator_script(3)))
-    with transaction() as session:
-        session.execute(update(Task).where(Task.id == task_id).values(deadline_ms=1))
-    assert drive(task_id) == "failed"
-    error = task_row(task_id).error
-    assert error is not None
-    assert error["type"] == "deadline_exceeded"
 
 
 def test_a_new_task_takes_its_due_time_and_deadline_from_the_database_clock(
