@@ -121,7 +121,7 @@ def _progress(ids: Sequence[str]) -> tuple[Counter[str], float | None]:
 
 
 def _wait_terminal(ids: Sequence[str], *, deadline: float) -> tuple[Counter[str], float | None]:
-    from shared.store.tables import TERMINAL_STATUSES
+    from shared.statuses import TERMINAL_STATUSES
 
     while True:
         statuses, last = _progress(ids)
@@ -135,7 +135,7 @@ def _warm_up(url: str, key: str, *, worker: Child, timeout: float) -> None:
     """Run one task end to end. This is how the worker is known to be ready: Celery logs
     "ready." at INFO, below the WARNING the worker runs at; and the first task pays for the
     imports and connections no measured task should."""
-    from shared.store.tables import TERMINAL_STATUSES, TaskStatus
+    from shared.statuses import TERMINAL_STATUSES, TaskStatus
 
     submitted = _submit_all(url, key, tasks=1, submitters=1)
     if not submitted.ids:
@@ -220,7 +220,7 @@ def _pg_figures(series: dict[str, list[float]]) -> dict[str, Any]:
 
 def _capacity_report(run: CapacityRun) -> dict[str, Any]:
     """The figures and the targets. A run that timed out is measured up to its deadline."""
-    from shared.store.tables import TERMINAL_STATUSES, TaskStatus
+    from shared.statuses import TERMINAL_STATUSES, TaskStatus
 
     scenario, submitted, stub = run.scenario, run.submitted, run.stub
     finished = sum(run.statuses[s] for s in TERMINAL_STATUSES)

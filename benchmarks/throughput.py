@@ -194,8 +194,9 @@ class Ratchet:
         from sqlalchemy import String, any_, cast, select
         from sqlalchemy.dialects.postgresql import ARRAY
 
+        from shared.statuses import TERMINAL_STATUSES, in_order
         from shared.store.db import transaction
-        from shared.store.tables import TERMINAL_STATUSES, Task, in_order
+        from shared.store.tables import Task
 
         if self._submitting is not None:
             if not self._submitting.done():
@@ -217,8 +218,9 @@ class Ratchet:
         """Fails when a task did not succeed: a rate of failures would mean nothing."""
         from sqlalchemy import select
 
+        from shared.statuses import TaskStatus
         from shared.store.db import transaction
-        from shared.store.tables import Task, TaskStatus
+        from shared.store.tables import Task
 
         query = select(Task.status, Task.steps, Task.finished_at).where(Task.id.in_(self.ids))
         with transaction() as session:

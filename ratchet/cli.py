@@ -143,6 +143,8 @@ def main_options(
     from ratchet.startup import require_agent_modules, require_valid_settings
 
     require_valid_settings()
+    if ctx.invoked_subcommand == "worker":
+        _collect_worker_metrics()  # before any module loads prometheus_client
     if ctx.invoked_subcommand in SERVING_COMMANDS:
         require_agent_modules()  # before anything says it is running
 
@@ -247,14 +249,24 @@ def worker(
     celery_app.worker_main(argv)
 
 
+def _collect_worker_metrics() -> None:
+    """Give this worker and its prefork children a fresh directory for their metrics (each
+    process writes its own files there). prometheus_client reads it once, when it loads, and
+    the store, the agents' modules and the Python client all load it: so this runs first."""
+    import tempfile
+
+    from shared.settings import get_settings
+
+    if get_settings().worker_metrics_port:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="ratchet-metrics-")
+
+
 def _serve_worker_metrics(port: int) -> None:
     """Serve the metrics of this worker and its prefork children (multiprocess mode: each
     process writes its own files, this server adds them up)."""
-    import tempfile
-
-    directory = tempfile.mkdtemp(prefix="ratchet-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # before prometheus_client loads
     from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]  # made by _collect_worker_metrics
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ratchet.console import api_client, err, fail, print_json
-from shared.approvals.decisions import Decision
-from shared.store.tables import TERMINAL_STATUSES, TaskStatus
+from shared.statuses import TERMINAL_STATUSES, Decision, TaskStatus
 
 if TYPE_CHECKING:
     from ratchet.client import Client, Event

@@ -25,8 +25,7 @@ from typing import Any
 
 import httpx
 
-from shared.approvals.decisions import Decision
-from shared.store.tables import TERMINAL_STATUSES
+from shared.statuses import TERMINAL_STATUSES, Decision
 from shared.webhooks.signing import WebhookVerificationError, verify
 
 __all__ = ["Client", "Event", "RatchetAPIError", "WebhookVerificationError", "verify_webhook"]

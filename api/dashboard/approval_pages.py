@@ -18,12 +18,12 @@ from api.dashboard.pages import scope_of
 from api.dashboard.render import page
 from shared.actions import approvals
 from shared.actions.effects import after_commit
-from shared.approvals.decisions import Decision
 from shared.errors import InvalidRequest, RatchetError
 from shared.ops import search
 from shared.ops.sessions import Login
+from shared.statuses import Decision, TaskStatus
 from shared.store.db import get_sessionmaker
-from shared.store.tables import Task, TaskStatus
+from shared.store.tables import Task
 
 router = APIRouter(prefix=PATH, include_in_schema=False)
 QUEUE = 100  # waiting tasks shown, the longest-waiting first

@@ -25,10 +25,11 @@ from shared.errors import InvalidRequest, NotFound, RatchetError
 from shared.ops import search
 from shared.ops.search import TaskFilter
 from shared.ops.sessions import Login
+from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store import checkpoints, ledger
 from shared.store.db import get_sessionmaker
 from shared.store.events import list_events
-from shared.store.tables import TERMINAL_STATUSES, Step, Task, TaskStatus, utcnow
+from shared.store.tables import Step, Task, utcnow
 from shared.views import aware
 from shared.webhooks import deliveries as webhook_deliveries
 

@@ -32,9 +32,10 @@ from shared.actions.effects import after_commit
 from shared.actions.tasks import Submitted
 from shared.errors import InvalidRequest
 from shared.observability import metrics
+from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store import checkpoints, ledger, tasks
 from shared.store.db import get_sessionmaker
-from shared.store.tables import TERMINAL_STATUSES, Step, Task, TaskStatus, ToolCall
+from shared.store.tables import Step, Task, ToolCall
 from shared.store.tenants import APPROVE, Principal
 from shared.views import TaskView, Usage, aware, task_view
 

@@ -94,8 +94,9 @@ def require_no_backlog() -> None:
     figures would measure them."""
     from sqlalchemy import func, select
 
+    from shared.statuses import RUNNABLE_STATUSES, in_order
     from shared.store.db import transaction
-    from shared.store.tables import RUNNABLE_STATUSES, Task, in_order
+    from shared.store.tables import Task
 
     with transaction() as session:
         count = session.scalar(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import func, select
@@ -19,18 +18,11 @@ from sqlalchemy.orm import Session
 
 from shared.agents.registry import get_registry
 from shared.errors import Conflict, InvalidRequest, NotFound, ToolArgumentsInvalid
+from shared.statuses import Decision, TaskStatus
 from shared.store import tasks
 from shared.store.db import now_ms
 from shared.store.ledger import CallStatus
-from shared.store.tables import Task, TaskStatus, ToolCall, utcnow
-
-
-class Decision(StrEnum):
-    """What a person (or the deadline's policy) decided about a waiting call."""
-
-    APPROVE = "approve"
-    EDIT = "edit"  # run it with the person's arguments instead of the model's
-    REJECT = "reject"
+from shared.store.tables import Task, ToolCall, utcnow
 
 
 @dataclass(frozen=True)

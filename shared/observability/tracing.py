@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from shared.store.tables import TaskStatus
+from shared.statuses import TaskStatus
 
 TRACER = "ratchet"
 _forced: ContextVar[tuple[int, int] | None] = ContextVar("ratchet_forced_ids", default=None)

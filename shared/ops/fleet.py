@@ -30,8 +30,9 @@ from sqlalchemy.orm import Session
 from shared.errors import RatchetError
 from shared.queue import oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
+from shared.statuses import RUNNABLE_STATUSES, in_order
 from shared.store.db import now_ms
-from shared.store.tables import RUNNABLE_STATUSES, Task, in_order
+from shared.store.tables import Task
 from shared.transport import Transport, TransportUnavailable, get_transport
 
 log = logging.getLogger("ratchet.fleet")

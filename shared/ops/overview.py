@@ -19,17 +19,10 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from shared.ops import search
+from shared.statuses import TERMINAL_STATUSES, TaskStatus, in_order
 from shared.store.backends import backend_of, plan_with_values
 from shared.store.outbox import DeliveryStatus
-from shared.store.tables import (
-    TERMINAL_STATUSES,
-    Step,
-    Task,
-    TaskStatus,
-    WebhookDelivery,
-    in_order,
-    utcnow,
-)
+from shared.store.tables import Step, Task, WebhookDelivery, utcnow
 from shared.views import aware
 
 ACTIVE = (TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.AWAITING_APPROVAL)

@@ -14,7 +14,8 @@ from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from shared.errors import InvalidRequest
-from shared.store.tables import Task, TaskStatus, Tenant
+from shared.statuses import TaskStatus
+from shared.store.tables import Task, Tenant
 
 BULK_LIMIT = 10_000  # tasks one bulk action may change
 

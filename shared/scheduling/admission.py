@@ -40,9 +40,10 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from shared.scheduling.concurrency import Limits
+from shared.statuses import TaskStatus
 from shared.store.backends import first_per_tenant, scan_index_entries
 from shared.store.db import now_ms
-from shared.store.tables import Task, TaskStatus, Tenant, runnable
+from shared.store.tables import Task, Tenant, runnable
 from shared.store.tasks import admit_waiting
 
 PER_TENANT = 32  # candidates read per tenant and round: at most this many admitted each

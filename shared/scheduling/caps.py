@@ -13,8 +13,9 @@ from sqlalchemy.orm import Session
 
 from shared.errors import QueueFull
 from shared.scheduling import concurrency
+from shared.statuses import TaskStatus
 from shared.store.backends import hold_tenant_lock
-from shared.store.tables import Task, TaskStatus
+from shared.store.tables import Task
 
 RETRY_AFTER_SECONDS = 5
 QUEUE_LOCK_NAMESPACE = 0x5251  # "RQ": the advisory locks of tenants' queues

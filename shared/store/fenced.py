@@ -12,10 +12,11 @@ from typing import Any, cast
 from sqlalchemy import BigInteger, ColumnElement, Table, bindparam, or_
 from sqlalchemy.orm import Session
 
+from shared.statuses import RUNNABLE_STATUSES, in_order
 from shared.store import outbox
 from shared.store.batch import Batch, Increment
 from shared.store.db import now_ms
-from shared.store.tables import RUNNABLE_STATUSES, Task, in_order
+from shared.store.tables import Task
 from shared.views import TaskState
 
 # A task row as a write returns it: every column, "metadata" under its attribute name.

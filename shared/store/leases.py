@@ -14,6 +14,7 @@ from sqlalchemy import DateTime, Update, bindparam, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from shared.observability import metrics
+from shared.statuses import RUNNABLE_STATUSES, TaskStatus, in_order
 from shared.store.backends import fetch_one, run_batch
 from shared.store.batch import Batch, Increment
 from shared.store.db import now_ms
@@ -30,7 +31,7 @@ from shared.store.fenced import (
     shape_of,
 )
 from shared.store.step_write import terminal_values
-from shared.store.tables import RUNNABLE_STATUSES, Task, TaskStatus, in_order, utcnow
+from shared.store.tables import Task, utcnow
 from shared.views import TaskState, task_document
 
 # The task as it is now, with the database clock: what a lease decides from.

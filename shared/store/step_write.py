@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from shared.errors import CancelRequested, LeaseLost
 from shared.observability import metrics
+from shared.statuses import RUNNABLE_STATUSES, TERMINAL_STATUSES, TaskStatus, in_order
 from shared.store.backends import backend_of, run_batch
 from shared.store.batch import Batch, Increment, Part
 from shared.store.db import now_ms
@@ -32,14 +33,7 @@ from shared.store.fenced import (
     settle,
     shape_of,
 )
-from shared.store.tables import (
-    RUNNABLE_STATUSES,
-    TERMINAL_STATUSES,
-    Task,
-    TaskStatus,
-    in_order,
-    utcnow,
-)
+from shared.store.tables import Task, utcnow
 from shared.views import TaskState, task_document
 
 if TYPE_CHECKING:

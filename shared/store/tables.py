@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -26,6 +25,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 
+from shared.statuses import RUNNABLE_STATUSES, TaskStatus, in_order
+
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 
@@ -39,28 +40,6 @@ class Base(DeclarativeBase):
         list[Any]: JSONType,
         datetime: DateTime(timezone=True),
     }
-
-
-class TaskStatus(StrEnum):
-    """A task's status: the same strings in the database, the API, the events and the CLI."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    AWAITING_APPROVAL = "awaiting_approval"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-# A terminal task never changes again; a runnable one has a step to run (or running).
-TERMINAL_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
-RUNNABLE_STATUSES = frozenset({TaskStatus.QUEUED, TaskStatus.RUNNING})
-
-
-def in_order(statuses: frozenset[TaskStatus]) -> list[TaskStatus]:
-    """The statuses in the enum's order: a set's order changes from one process to the next,
-    and SQL text, pages and answers built from it should not."""
-    return [status for status in TaskStatus if status in statuses]
 
 
 _RUNNABLE_SQL = "(" + ", ".join(f"'{status}'" for status in in_order(RUNNABLE_STATUSES)) + ")"

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from shared.errors import Conflict, NotFound
 from shared.ids import new_id
 from shared.observability import metrics
+from shared.statuses import TERMINAL_STATUSES, TaskStatus, in_order
 from shared.store import outbox
 from shared.store.backends import run_batch
 from shared.store.batch import Batch
@@ -32,7 +33,7 @@ from shared.store.db import now_ms
 from shared.store.events import insert_events
 from shared.store.fenced import log_in_batch
 from shared.store.step_write import CANCELLED_ERROR, terminal_values
-from shared.store.tables import TERMINAL_STATUSES, Task, TaskStatus, in_order, runnable, utcnow
+from shared.store.tables import Task, runnable, utcnow
 from shared.views import task_document
 
 

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
+from shared.statuses import TaskStatus
 from shared.store.fenced import FIELDS
 from shared.store.leases import Lease
-from shared.store.tables import TaskStatus
 
 CREATED = datetime(2025, 1, 1, tzinfo=UTC)
 CLOCK_MS = 1_735_689_600_000  # the database clock when the lease below was taken

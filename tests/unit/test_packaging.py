@@ -112,3 +112,18 @@ def test_without_the_benchmarks_ratchet_bench_says_where_they_come_from(
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert "the benchmarks come with a checkout's dev install (pip install -e '.[dev]')" in line
+
+
+def test_the_python_client_loads_no_server_machinery() -> None:
+    # An application that imports ratchet.Client gets an HTTP client, not the store's metrics
+    # (prometheus_client read once at its load: a worker's metrics were lost when it came in
+    # through the client before the worker set its metrics directory), nor Celery or Redis.
+    probe = (
+        "import sys, ratchet, ratchet.client; "
+        "print(sorted(m for m in ('prometheus_client', 'celery', 'redis', 'psycopg') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == "[]"

@@ -7,11 +7,10 @@ from enum import StrEnum
 
 import pytest
 
-from shared.approvals.decisions import Decision
+from shared.statuses import RUNNABLE_STATUSES, TERMINAL_STATUSES, Decision, TaskStatus, in_order
 from shared.store.checkpoints import StepStatus
 from shared.store.ledger import CallStatus
 from shared.store.outbox import DeliveryStatus
-from shared.store.tables import RUNNABLE_STATUSES, TERMINAL_STATUSES, TaskStatus, in_order
 from shared.webhooks.circuits import CircuitState
 
 VOCABULARIES: list[tuple[type[StrEnum], list[str]]] = [

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from shared import failpoints
 from shared.actions import effects
 from shared.errors import CancelRequested
+from shared.statuses import TaskStatus
 from shared.store.backends import write_session
 from shared.store.batch import Part
 from shared.store.step_write import (
@@ -20,7 +21,6 @@ from shared.store.step_write import (
     finish_task,
     write,
 )
-from shared.store.tables import TaskStatus
 from workers import webhook_sender
 from workers.steps.context import Context, worker_id
 

@@ -17,6 +17,7 @@ from shared.errors import ModelError
 from shared.observability import tracing
 from shared.pricing import cost_usd
 from shared.settings import get_settings
+from shared.statuses import TaskStatus
 from shared.store import checkpoints
 from shared.store.events import model_response_data
 from shared.store.step_write import (
@@ -27,7 +28,7 @@ from shared.store.step_write import (
     log_events,
     release,
 )
-from shared.store.tables import TaskStatus, utcnow
+from shared.store.tables import utcnow
 from shared.views import TaskState
 from workers import cancels, heartbeat, model_calls
 from workers.providers import ModelRequest, ModelResponse, get_provider

@@ -29,10 +29,10 @@ from shared.observability import logs, metrics, tracing
 from shared.queue import enqueue_step
 from shared.ratelimit.buckets import LimiterUnavailable
 from shared.settings import get_settings
+from shared.statuses import TERMINAL_STATUSES
 from shared.store import checkpoints, leases
 from shared.store.backends import write_session
 from shared.store.leases import Lease, LeaseRefused
-from shared.store.tables import TERMINAL_STATUSES
 from shared.views import TaskState
 from workers import cancels, heartbeat
 from workers.providers import ModelResponse

@@ -12,14 +12,13 @@ from opentelemetry.trace import StatusCode
 
 from shared import failpoints
 from shared.agents.registry import Tool, ToolContext
-from shared.approvals.decisions import Decision
 from shared.observability import metrics, tracing
+from shared.statuses import Decision, TaskStatus
 from shared.store import checkpoints, ledger
 from shared.store.batch import Part
 from shared.store.events import tool_call_data
 from shared.store.ledger import CallStatus
 from shared.store.step_write import finish_task, log_events
-from shared.store.tables import TaskStatus
 from workers import cancels, tool_runner
 from workers.providers import ToolCallRequest
 from workers.steps import approval_waits

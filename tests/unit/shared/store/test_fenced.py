@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import BindParameter
 
+from shared.statuses import TERMINAL_STATUSES, TaskStatus, in_order
 from shared.store import ledger
 from shared.store.batch import Increment
 from shared.store.db import now_ms
@@ -39,7 +40,7 @@ from shared.store.step_write import (
     terminal_values,
     usage_values,
 )
-from shared.store.tables import TERMINAL_STATUSES, Task, TaskStatus, ToolCall, in_order
+from shared.store.tables import Task, ToolCall
 from tests.unit.builders import CLOCK_MS, CREATED, TTL_MS, db_row, lease_on, task_state
 
 LATER_MS = CLOCK_MS + 1_234  # the database clock when a later write commits
