@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -41,3 +44,22 @@ def admit() -> int:
     finally:
         dispatcher.resign()
     return total
+
+
+def bounded(call: Callable[[], Any], *, give_up: float = 30.0) -> tuple[Any, float]:
+    """``call()``'s result (or the exception it raised) and how long it took; fails the test,
+    rather than hang it, if it is still running after ``give_up`` seconds."""
+    outcome: list[Any] = []
+    started = time.monotonic()
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(give_up)
+    assert outcome, f"the call was still running after {give_up:g} s"
+    return outcome[0], time.monotonic() - started

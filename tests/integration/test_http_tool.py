@@ -5,9 +5,7 @@ model is not forwarded."""
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,11 +15,11 @@ from shared.agents.registry import ToolContext, get_tool, load
 from shared.errors import ToolError
 from shared.settings import get_settings
 from tests.fakes.drip_server import DripServer
+from tests.helpers import bounded
 
 CONTEXT = ToolContext(task_id="t", tenant_id="x", call_id="1-0", idempotency_key="t:1-0")
 SHORT_LIMIT_SECONDS = 1.0  # for the drips: they end only at the limit
 LONG_LIMIT_SECONDS = 15.0  # for the others: they must end well before it
-GIVE_UP_SECONDS = 30.0  # far past the limits: a call still running then would never end
 
 
 @pytest.fixture
@@ -39,25 +37,6 @@ def short_limit(server: DripServer, monkeypatch: pytest.MonkeyPatch) -> DripServ
     monkeypatch.setenv("RATCHET_TOOL_TIMEOUT_SECONDS", str(SHORT_LIMIT_SECONDS))
     get_settings.cache_clear()
     return server
-
-
-def bounded(call: Callable[[], Any]) -> tuple[Any, float]:
-    """``call()``'s result (or the exception it raised) and how long it took; fails the test,
-    rather than hang it, if it is still running after GIVE_UP_SECONDS."""
-    outcome: list[Any] = []
-    started = time.monotonic()
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except Exception as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(GIVE_UP_SECONDS)
-    assert outcome, f"the call was still running after {GIVE_UP_SECONDS:g} s"
-    return outcome[0], time.monotonic() - started
 
 
 def http_request(**arguments: Any) -> Any:

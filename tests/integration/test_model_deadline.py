@@ -4,9 +4,7 @@ transient failure that the retry policy retries like a provider timeout."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,11 +13,11 @@ from shared.errors import ModelTransientError
 from shared.ratelimit.in_process import LocalLimiter
 from shared.settings import get_settings
 from tests.fakes.openai_server import OpenAIServer, answer, drip
+from tests.helpers import bounded
 from workers import model_calls
 from workers.providers import ModelRequest, get_provider
 
 DEADLINE_SECONDS = 1.5
-GIVE_UP_SECONDS = 30.0  # far past two deadlines: a call still running then would never end
 
 
 @pytest.fixture
@@ -43,25 +41,6 @@ def provider_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[OpenAIServer]:
         yield server
     get_settings.cache_clear()
     _provider.cache_clear()
-
-
-def bounded(call: Callable[[], Any]) -> tuple[Any, float]:
-    """``call()``'s result (or the exception it raised) and how long it took; fails the test,
-    rather than hang it, if it is still running after GIVE_UP_SECONDS."""
-    outcome: list[Any] = []
-    started = time.monotonic()
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except Exception as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(GIVE_UP_SECONDS)
-    assert outcome, f"the model call was still running after {GIVE_UP_SECONDS:g} s"
-    return outcome[0], time.monotonic() - started
 
 
 def complete(failed: list[dict[str, Any]]) -> Any:
