@@ -138,6 +138,8 @@ class Task(Base):
     budget: Mapped[dict[str, Any] | None]
     webhook: Mapped[dict[str, Any] | None]
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType)
+    output_schema: Mapped[dict[str, Any] | None]  # JSON Schema the final answer must meet
+    context: Mapped[dict[str, Any] | None]  # the context-window policy: {"policy": …}
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
@@ -150,6 +152,11 @@ class Task(Base):
     waiting: Mapped[dict[str, Any] | None]  # why the current step is waiting, if it is
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Of the input tokens: read from the provider's prompt cache, and written to it; of the
+    # output tokens: spent on reasoning.
+    cached_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     result: Mapped[dict[str, Any] | None]
     error: Mapped[dict[str, Any] | None]
@@ -200,6 +207,10 @@ class Step(Base):
     response: Mapped[dict[str, Any]]
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     model_latency_ms: Mapped[int] = mapped_column(default=0)
     lease_epoch: Mapped[int] = mapped_column(BigInteger)
@@ -244,6 +255,27 @@ class ToolCall(Base):
     decided_at: Mapped[datetime | None]
     decision_reason: Mapped[str | None] = mapped_column(Text)
     original_arguments: Mapped[dict[str, Any] | None]
+
+
+class Summary(Base):
+    """A summary the ``summarize`` context policy committed: in the prompt it stands for the
+    task's conversation through ``through_step`` (after the first user message), and it builds
+    on the summary before it. Written once; a crash never recomputes it."""
+
+    __tablename__ = "summaries"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    through_step: Mapped[int]
+    content: Mapped[str] = mapped_column(Text)
+    model: Mapped[str] = mapped_column(String(200))
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    lease_epoch: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class TaskEvent(Base):
