@@ -154,9 +154,9 @@ class Task(Base):
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     # Of the input tokens: read from the provider's prompt cache, and written to it; of the
     # output tokens: spent on reasoning.
-    cached_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_input_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     result: Mapped[dict[str, Any] | None]
     error: Mapped[dict[str, Any] | None]
@@ -207,10 +207,10 @@ class Step(Base):
     response: Mapped[dict[str, Any]]
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    cached_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_input_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     model_latency_ms: Mapped[int] = mapped_column(default=0)
     lease_epoch: Mapped[int] = mapped_column(BigInteger)
