@@ -30,8 +30,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from prometheus_client import Counter
-
+from shared.observability import metrics
 from shared.settings import get_settings
 from shared.transport import get_transport
 from workers import step_pool
@@ -210,7 +209,7 @@ class CallPools:
             wedged = self.abandoned >= self.limit and not self._told
             self._told = self._told or wedged
             running = self.abandoned
-        ABANDONED_CALLS.labels(pool=pool).inc()
+        metrics.abandoned_calls.labels(pool=pool).inc()
         if wedged:
             _wedged(f"{running} abandoned calls still run (RATCHET_WORKER_MAX_ABANDONED_CALLS)")
 
@@ -222,12 +221,6 @@ class CallPools:
                 self.abandoned -= 1
 
 
-ABANDONED_CALLS = Counter(
-    "ratchet_abandoned_calls_total",
-    "Model and tool calls a step stopped waiting for (past their deadline, or cancelled) "
-    "while they still ran",
-    ["pool"],
-)
 _pools: dict[int, CallPools] = {}
 _on_wedged: Callable[[str], None] | None = None
 

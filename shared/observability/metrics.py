@@ -31,6 +31,12 @@ limiter_decisions = Counter(
 limiter_wait_seconds = Counter(
     "ratchet_limiter_wait_seconds_total", "Time steps were told to wait by the limiter", ["scope"]
 )
+abandoned_calls = Counter(
+    "ratchet_abandoned_calls_total",
+    "Model and tool calls a step stopped waiting for (past their deadline, or cancelled) "
+    "while they still ran",
+    ["pool"],
+)
 webhook_attempts = Counter(
     "ratchet_webhook_attempts_total", "Webhook delivery attempts", ["outcome"]
 )
