@@ -19,6 +19,7 @@ from benchmarks import (
     neighbours,
     submissions,
     throughput,
+    walk,
 )
 
 HELP = "Benchmarks (figures are ratios to a same-run baseline)."
@@ -56,6 +57,7 @@ app.command("history")(history.history)
 app.command("throughput")(throughput.throughput)
 app.command("dashboard")(dashboard.dashboard)
 app.command("fairness")(fairness.fairness)
+app.command("walk")(walk.walk)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",
