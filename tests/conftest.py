@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import psycopg
 import pytest
@@ -215,6 +216,38 @@ def backend_env(
     shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
     with environment(sqlite_env(path)) as env:
         yield env
+
+
+class Configure(Protocol):
+    """What the ``configure`` fixture gives a test: ``configure(RATCHET_X="1", RATCHET_Y=None)``
+    sets ``RATCHET_X`` and unsets ``RATCHET_Y``."""
+
+    def __call__(self, **env: str | None) -> None: ...
+
+
+@pytest.fixture
+def configure(request: pytest.FixtureRequest) -> Iterator[Configure]:
+    """Set settings for this test by their environment names
+    (``configure(RATCHET_LEASE_TTL_SECONDS="0.9")``; ``None`` unsets one). The settings, and
+    the Celery app and engines made from them, are made anew at once. When the test ends the
+    variables are put back first and everything is made anew again, so no later test sees them.
+
+    A test on a backend has that backend's environment set first: its end would otherwise
+    put its own values back over these."""
+    if "backend_env" in request.fixturenames:
+        request.getfixturevalue("backend_env")
+    with pytest.MonkeyPatch.context() as patch:
+
+        def apply(**env: str | None) -> None:
+            for name, value in env.items():
+                if value is None:
+                    patch.delenv(name, raising=False)
+                else:
+                    patch.setenv(name, value)
+            _reset_caches()
+
+        yield apply
+    _reset_caches()
 
 
 def _reset_caches() -> None:

@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from shared.constants import ADVANCE_TASK, ADVANCE_TASKS
-from shared.queue import STEPS_PER_MESSAGE, enqueue_steps, get_celery
+from shared.queue import STEPS_PER_MESSAGE, enqueue_steps
 from shared.settings import get_settings
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, Configure
 from workers import app as worker_app
 from workers import step_pool
 from workers.step_pool import StepPool
@@ -26,16 +26,12 @@ WAIT = 30.0  # a bound for the test to fail rather than hang
 
 
 @pytest.fixture
-def queue(service_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
+def queue(service_env: dict[str, str], configure: Configure) -> Iterator[redis.Redis]:
     name = f"ratchet-admit-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("RATCHET_QUEUE_NAME", name)
-    get_settings.cache_clear()
-    get_celery.cache_clear()
+    configure(RATCHET_QUEUE_NAME=name)
     broker = redis.Redis.from_url(REDIS_URL)
     yield broker
     broker.delete(name)
-    get_settings.cache_clear()
-    get_celery.cache_clear()
 
 
 def sent(broker: redis.Redis) -> list[tuple[str, list[Any]]]:

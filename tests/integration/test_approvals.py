@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from shared.store.db import transaction
 from shared.store.ledger import CallStatus
 from shared.store.tables import Task, ToolCall
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.helpers import scripted_task, tool_turn
 from tests.integration.test_api import assert_problem
 
@@ -246,14 +246,8 @@ def test_who_may_decide(
 
 
 @pytest.fixture
-def links_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from shared.settings import get_settings
-
-    monkeypatch.setenv("RATCHET_APPROVAL_LINK_SECRET", "k" * 40)
-    monkeypatch.setenv("RATCHET_PUBLIC_URL", "https://ratchet.example")
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
+def links_on(configure: Configure) -> None:
+    configure(RATCHET_APPROVAL_LINK_SECRET="k" * 40, RATCHET_PUBLIC_URL="https://ratchet.example")
 
 
 def link_path(client: TestClient, tenant: TenantHandle, task_id: str) -> str:
@@ -449,15 +443,14 @@ def test_a_webhook_carries_an_approval_link_only_when_the_operator_opts_in(
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
+    configure: Configure,
     monkeypatch: pytest.MonkeyPatch,
     opted_in: bool,
 ) -> None:
-    from shared.settings import get_settings
     from tests.fakes.receiver import WebhookReceiver
     from workers import webhook_sender
 
-    monkeypatch.setenv("RATCHET_WEBHOOK_APPROVAL_LINKS", str(opted_in).lower())
-    get_settings.cache_clear()
+    configure(RATCHET_WEBHOOK_APPROVAL_LINKS=str(opted_in).lower())
     held: list[str] = []  # the commits' deliveries, sent below rather than in the background
     monkeypatch.setattr(webhook_sender, "dispatch", held.extend)
     with WebhookReceiver() as receiver:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from shared.settings import get_settings
 from shared.store import tasks
 from shared.store.db import transaction
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.helpers import scripted_task
 from tests.integration.test_durability import submit, task_row
 from workers.providers.scripted import ScriptedProvider
@@ -24,13 +22,9 @@ LONG = 60.0
 
 
 @pytest.fixture
-def short_leases(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def short_leases(configure: Configure) -> None:
     """Leases of 0.9 s: the heartbeat extends each one (and looks at its task) every 0.3 s."""
-    monkeypatch.setenv("RATCHET_LEASE_TTL_SECONDS", "0.9")
-    get_settings.cache_clear()
-    yield
-    monkeypatch.delenv("RATCHET_LEASE_TTL_SECONDS")
-    get_settings.cache_clear()
+    configure(RATCHET_LEASE_TTL_SECONDS="0.9")
 
 
 def test_the_heartbeat_wakes_a_step_whose_cancel_was_not_published(

@@ -25,7 +25,7 @@ from shared.store import leases, step_write, tasks
 from shared.store.backends import write_session
 from shared.store.db import now_ms, transaction
 from shared.store.tables import Step, Task, TaskEvent, ToolCall
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.helpers import admit, calculator_script, scripted_task, tool_turn
 from workers.providers.scripted import ScriptedProvider
 from workers.steps import runner
@@ -285,25 +285,19 @@ def test_long_backoff_goes_back_through_the_queue(
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
-    monkeypatch: pytest.MonkeyPatch,
+    configure: Configure,
 ) -> None:
-    from shared.settings import get_settings
-
-    monkeypatch.setenv("RATCHET_MODEL_RETRY_INLINE_MAX_SECONDS", "0")
-    get_settings.cache_clear()
-    try:
-        script = [{"error": "rate_limit", "times": 1, "content": "after the wait"}]
-        task_id = submit(client, tenant, scripted_task(script))
-        runner.advance(task_id, 1)  # fails once, defers instead of sleeping
-        task = task_row(task_id)
-        assert (task.status, task.steps, task.model_failures) == ("running", 0, 1)
-        assert task.lease_owner is None
-        assert task.lease_expires_ms is None
-        time.sleep(1.2)  # the 429 paused the model for a second, fleet-wide
-        assert drive(task_id) == "succeeded"
-        assert task_row(task_id).model_failures == 0
-    finally:
-        get_settings.cache_clear()
+    configure(RATCHET_MODEL_RETRY_INLINE_MAX_SECONDS="0")
+    script = [{"error": "rate_limit", "times": 1, "content": "after the wait"}]
+    task_id = submit(client, tenant, scripted_task(script))
+    runner.advance(task_id, 1)  # fails once, defers instead of sleeping
+    task = task_row(task_id)
+    assert (task.status, task.steps, task.model_failures) == ("running", 0, 1)
+    assert task.lease_owner is None
+    assert task.lease_expires_ms is None
+    time.sleep(1.2)  # the 429 paused the model for a second, fleet-wide
+    assert drive(task_id) == "succeeded"
+    assert task_row(task_id).model_failures == 0
 
 
 def test_permanent_failure_then_retry_resumes_from_the_last_committed_step(

@@ -5,25 +5,19 @@ it needs and the command that makes such a key."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from fastapi.testclient import TestClient
 
-from shared.settings import get_settings
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.integration.test_api import assert_problem, task_count
 
 
 @pytest.fixture
-def scripted_off(service_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def scripted_off(configure: Configure) -> None:
     """A production server: the scripted model off, RATCHET_DEFAULT_MODEL not set."""
-    monkeypatch.setenv("RATCHET_SCRIPTED_MODEL", "false")
-    monkeypatch.delenv("RATCHET_DEFAULT_MODEL", raising=False)
-    get_settings.cache_clear()
-    yield
-    monkeypatch.undo()
-    get_settings.cache_clear()
+    configure(RATCHET_SCRIPTED_MODEL="false", RATCHET_DEFAULT_MODEL=None)
 
 
 @pytest.mark.usefixtures("scripted_off")

@@ -22,7 +22,7 @@ from sqlalchemy import event, func, select, update
 from api.deps import verified_keys
 from shared.store.db import get_engine, transaction
 from shared.store.tables import ApiKey
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.integration.test_api import assert_problem, task_count
 
 pytestmark = pytest.mark.backends("postgresql", "sqlite")
@@ -318,14 +318,9 @@ def test_an_expired_key_does_not_rotate_into_a_live_one(
 
 
 @pytest.fixture
-def key_cap(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    from shared.settings import get_settings
-
-    monkeypatch.setenv("RATCHET_MAX_KEYS_PER_TENANT", "3")
-    get_settings.cache_clear()
-    yield 3
-    monkeypatch.delenv("RATCHET_MAX_KEYS_PER_TENANT")
-    get_settings.cache_clear()
+def key_cap(configure: Configure) -> int:
+    configure(RATCHET_MAX_KEYS_PER_TENANT="3")
+    return 3
 
 
 def test_a_tenant_holds_at_most_its_cap_of_live_keys(
@@ -356,21 +351,13 @@ def test_tasks_approve_is_a_known_scope(client: TestClient, admin: TenantHandle)
 
 @pytest.fixture
 def tenant_limits(
-    monkeypatch: pytest.MonkeyPatch, make_tenant: Callable[..., TenantHandle]
-) -> Iterator[tuple[TenantHandle, TenantHandle]]:
+    configure: Configure, make_tenant: Callable[..., TenantHandle]
+) -> tuple[TenantHandle, TenantHandle]:
     """Two admin tenants, each with rate limits of its own."""
-    from shared.ratelimit.rules import _load
-    from shared.settings import get_settings
-
     alice, bob = make_tenant(("admin",)), make_tenant(("admin",))
     limits = {"tenants": {alice.name: {"requests": 5, "submissions": 7}, bob.name: {"requests": 9}}}
-    monkeypatch.setenv("RATCHET_RATE_LIMITS", json.dumps(limits))
-    get_settings.cache_clear()
-    _load.cache_clear()
-    yield alice, bob
-    monkeypatch.delenv("RATCHET_RATE_LIMITS")
-    get_settings.cache_clear()
-    _load.cache_clear()
+    configure(RATCHET_RATE_LIMITS=json.dumps(limits))
+    return alice, bob
 
 
 def test_the_fleet_view_needs_the_operator_scope(

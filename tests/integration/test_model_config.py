@@ -5,34 +5,17 @@ naming the field and writes nothing."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from shared.settings import get_settings
 from shared.store.db import transaction
 from shared.store.tables import Task
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.helpers import scripted_task
 from tests.integration.test_api import assert_problem, task_count
-
-Configure = Callable[..., None]
-
-
-@pytest.fixture
-def configure(service_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Configure]:
-    """Change settings for the rest of the test (``configure(SCRIPTED_MODEL="false")``)."""
-
-    def apply(**settings: str) -> None:
-        for name, value in settings.items():
-            monkeypatch.setenv(f"RATCHET_{name}", value)
-        get_settings.cache_clear()
-
-    yield apply
-    monkeypatch.undo()
-    get_settings.cache_clear()
 
 
 def refused(client: TestClient, tenant: TenantHandle, body: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +29,7 @@ def refused(client: TestClient, tenant: TenantHandle, body: dict[str, Any]) -> d
 def test_the_scripted_model_is_refused_while_it_is_off(
     configure: Configure, client: TestClient, tenant: TenantHandle
 ) -> None:
-    configure(SCRIPTED_MODEL="false")
+    configure(RATCHET_SCRIPTED_MODEL="false")
 
     named = refused(client, tenant, scripted_task([{"content": "hi"}]))
     by_default = refused(client, tenant, {"input": "hi"})  # RATCHET_DEFAULT_MODEL is scripted
@@ -62,7 +45,7 @@ def test_a_scripted_delay_over_the_cap_is_refused(
     over_default_cap = scripted_task([{"content": "a"}, {"content": "b", "delay_ms": 60_001}])
     assert refused(client, tenant, over_default_cap)["field"] == "model_options.script[1].delay_ms"
 
-    configure(SCRIPTED_MAX_DELAY_MS="1000")
+    configure(RATCHET_SCRIPTED_MAX_DELAY_MS="1000")
     error = refused(client, tenant, scripted_task([{"content": "slow", "delay_ms": 1001}]))
     assert error["field"] == "model_options.script[0].delay_ms"
     assert "1000" in error["detail"]
@@ -78,7 +61,7 @@ def test_a_worker_with_the_scripted_model_off_fails_the_task_cleanly(
 ) -> None:
     body = scripted_task([{"content": "hi"}])
     task_id = client.post("/v1/tasks", json=body, headers=tenant.headers).json()["id"]
-    configure(SCRIPTED_MODEL="false")  # as on a worker configured for production
+    configure(RATCHET_SCRIPTED_MODEL="false")  # as on a worker configured for production
 
     assert drive(task_id) == "failed"
     with transaction() as session:
@@ -95,10 +78,10 @@ def test_a_worker_sleeps_no_longer_than_its_own_cap(
     tenant: TenantHandle,
     drive: Callable[[str], str],
 ) -> None:
-    configure(SCRIPTED_MAX_DELAY_MS="600000")
+    configure(RATCHET_SCRIPTED_MAX_DELAY_MS="600000")
     body = scripted_task([{"content": "slow", "delay_ms": 300_000}])
     task_id = client.post("/v1/tasks", json=body, headers=tenant.headers).json()["id"]
-    configure(SCRIPTED_MAX_DELAY_MS="0")  # the worker's cap is lower than the API's was
+    configure(RATCHET_SCRIPTED_MAX_DELAY_MS="0")  # the worker's cap is lower than the API's was
 
     started = time.monotonic()
     assert drive(task_id) == "succeeded"
@@ -111,8 +94,11 @@ def test_a_worker_sleeps_no_longer_than_its_own_cap(
     [
         ("anthropic:claude-sonnet-4-5", {}),
         ("openai:gpt-4o-mini", {}),
-        ("openai:gpt-4o-mini", {"ANTHROPIC_API_KEY": "sk-ant-x"}),
-        ("anthropic:claude-sonnet-4-5", {"OPENAI_API_KEY": "sk-x", "ANTHROPIC_API_KEY": ""}),
+        ("openai:gpt-4o-mini", {"RATCHET_ANTHROPIC_API_KEY": "sk-ant-x"}),
+        (
+            "anthropic:claude-sonnet-4-5",
+            {"RATCHET_OPENAI_API_KEY": "sk-x", "RATCHET_ANTHROPIC_API_KEY": ""},
+        ),
     ],
 )
 def test_a_provider_without_a_key_or_a_base_url_is_refused(
@@ -133,10 +119,10 @@ def test_a_provider_without_a_key_or_a_base_url_is_refused(
 @pytest.mark.parametrize(
     ("model", "settings"),
     [
-        ("anthropic:claude-sonnet-4-5", {"ANTHROPIC_API_KEY": "sk-ant-x"}),
-        ("openai:gpt-4o-mini", {"OPENAI_API_KEY": "sk-x"}),
+        ("anthropic:claude-sonnet-4-5", {"RATCHET_ANTHROPIC_API_KEY": "sk-ant-x"}),
+        ("openai:gpt-4o-mini", {"RATCHET_OPENAI_API_KEY": "sk-x"}),
         # A local OpenAI-compatible server (vLLM, Ollama) may need no key.
-        ("openai:llama3", {"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"}),
+        ("openai:llama3", {"RATCHET_OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"}),
     ],
 )
 def test_a_configured_provider_is_accepted(

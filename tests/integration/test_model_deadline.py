@@ -11,7 +11,7 @@ import pytest
 
 from shared.errors import ModelTransientError
 from shared.ratelimit.in_process import LocalLimiter
-from shared.settings import get_settings
+from tests.conftest import Configure
 from tests.fakes.openai_server import OpenAIServer, answer, drip
 from tests.helpers import bounded
 from workers import model_calls
@@ -21,25 +21,24 @@ DEADLINE_SECONDS = 1.5
 
 
 @pytest.fixture
-def provider_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[OpenAIServer]:
+def provider_server(
+    configure: Configure, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[OpenAIServer]:
     """A fake OpenAI server that the ``openai:`` provider talks to, with a short deadline."""
     from workers.providers import _provider
 
     with OpenAIServer() as server:
-        for name, value in {
-            "OPENAI_BASE_URL": server.base_url,
-            "OPENAI_API_KEY": "test-key",
-            "MODEL_TIMEOUT_SECONDS": "10",  # each read: the drip sends a byte every 0.1 s
-            "MODEL_CALL_DEADLINE_SECONDS": str(DEADLINE_SECONDS),
-            "MODEL_MAX_ATTEMPTS": "2",
-            "MODEL_RETRY_BASE_SECONDS": "0",
-        }.items():
-            monkeypatch.setenv(f"RATCHET_{name}", value)
+        configure(
+            RATCHET_OPENAI_BASE_URL=server.base_url,
+            RATCHET_OPENAI_API_KEY="test-key",
+            RATCHET_MODEL_TIMEOUT_SECONDS="10",  # each read: the drip sends a byte every 0.1 s
+            RATCHET_MODEL_CALL_DEADLINE_SECONDS=str(DEADLINE_SECONDS),
+            RATCHET_MODEL_MAX_ATTEMPTS="2",
+            RATCHET_MODEL_RETRY_BASE_SECONDS="0",
+        )
         monkeypatch.setattr(model_calls, "get_limiter", LocalLimiter)
-        get_settings.cache_clear()
         _provider.cache_clear()  # its SDK client is made from the settings
         yield server
-    get_settings.cache_clear()
     _provider.cache_clear()
 
 

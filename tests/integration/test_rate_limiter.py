@@ -7,7 +7,7 @@ import multiprocessing
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from shared.ratelimit.buckets import Bucket, LimiterUnavailable, Take
 from shared.ratelimit.in_process import LocalLimiter
 from shared.ratelimit.limiter import RedisLimiter
-from tests.conftest import REDIS_URL, TenantHandle
+from tests.conftest import REDIS_URL, Configure, TenantHandle
 from tests.helpers import scripted_task
 
 
@@ -201,19 +201,13 @@ def test_local_limiter_has_the_same_semantics() -> None:
 
 
 @pytest.fixture
-def rate_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
-    from shared.ratelimit.rules import _load
-    from shared.settings import get_settings
+def rate_limits(configure: Configure) -> Callable[[str], None]:
+    """Sets ``RATCHET_RATE_LIMITS`` for the rest of the test."""
 
-    def configure(json_limits: str) -> None:
-        monkeypatch.setenv("RATCHET_RATE_LIMITS", json_limits)
-        get_settings.cache_clear()
-        _load.cache_clear()
+    def set_limits(json_limits: str) -> None:
+        configure(RATCHET_RATE_LIMITS=json_limits)
 
-    yield configure
-    monkeypatch.delenv("RATCHET_RATE_LIMITS", raising=False)
-    get_settings.cache_clear()
-    _load.cache_clear()
+    return set_limits
 
 
 def test_submission_limit_is_a_429_with_retry_after(
@@ -269,7 +263,7 @@ def test_limiter_outage_never_lets_a_call_through(
     client: TestClient,
     tenant: TenantHandle,
     rate_limits: Callable[[str], None],
-    monkeypatch: pytest.MonkeyPatch,
+    configure: Configure,
 ) -> None:
     from workers.steps import runner
 
@@ -278,10 +272,7 @@ def test_limiter_outage_never_lets_a_call_through(
     task_id = client.post(
         "/v1/tasks", json=scripted_task([{"content": "a"}], model=model), headers=tenant.headers
     ).json()["id"]
-    monkeypatch.setenv("RATCHET_REDIS_URL", "redis://127.0.0.1:1/0")
-    from shared.settings import get_settings
-
-    get_settings.cache_clear()
+    configure(RATCHET_REDIS_URL="redis://127.0.0.1:1/0")
     runner.advance(task_id, 1)
     timeline = client.get(f"/v1/tasks/{task_id}/steps", headers=tenant.headers).json()
     assert timeline["items"] == []
@@ -333,20 +324,17 @@ def test_429s_halve_a_models_share_down_to_a_floor_and_it_creeps_back() -> None:
 
 
 def test_adaptive_limits_scale_the_models_buckets_only_when_on(
-    rate_limits: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+    rate_limits: Callable[[str], None], configure: Configure
 ) -> None:
     from shared.ratelimit import rules
-    from shared.settings import get_settings
 
     model = f"test:{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("RATCHET_REDIS_URL", REDIS_URL)
-    monkeypatch.setenv("RATCHET_BROKER_URL", REDIS_URL)
+    configure(RATCHET_REDIS_URL=REDIS_URL, RATCHET_BROKER_URL=REDIS_URL)
     rate_limits(f'{{"models": {{"{model}": {{"requests": 100, "tokens": 1000}}}}}}')
     assert rules.after_429(model) is None  # off by default: a 429 only pauses the model
     assert [t.bucket.rate for t in rules.call_takes(model, "t", 10)] == [100, 1000]
 
-    monkeypatch.setenv("RATCHET_RATE_LIMIT_ADAPTIVE", "true")
-    get_settings.cache_clear()
+    configure(RATCHET_RATE_LIMIT_ADAPTIVE="true")
     assert rules.after_429(model) == pytest.approx(0.5, abs=0.001)
     takes = rules.call_takes(model, "t", 10)
     halved = [pytest.approx(50, rel=0.01), pytest.approx(500, rel=0.01)]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.integration.test_api import assert_problem, submit
 from tests.integration.test_dashboard import login
 
@@ -80,23 +80,16 @@ def test_the_banner_shows_only_what_the_dashboard_said(
 def test_metrics_are_an_operators_or_the_scrapers(
     client: TestClient,
     make_tenant: Callable[..., TenantHandle],
-    monkeypatch: pytest.MonkeyPatch,
+    configure: Configure,
 ) -> None:
-    from shared.settings import get_settings
-
     assert_problem(client.get("/metrics"), 401)
     assert_problem(client.get("/metrics", headers=make_tenant(ADMIN).headers), 403)
     operator = make_tenant(("operator",))
     assert "ratchet_" in client.get("/metrics", headers=operator.headers).text
     token = "m" * 40
-    monkeypatch.setenv("RATCHET_METRICS_TOKEN", token)
-    get_settings.cache_clear()
-    try:
-        scraped = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
-        assert scraped.status_code == 200
-        assert "ratchet_" in scraped.text
-        wrong = {"Authorization": f"Bearer {'n' * 40}"}
-        assert_problem(client.get("/metrics", headers=wrong), 401)
-    finally:
-        monkeypatch.delenv("RATCHET_METRICS_TOKEN")
-        get_settings.cache_clear()
+    configure(RATCHET_METRICS_TOKEN=token)
+    scraped = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+    assert scraped.status_code == 200
+    assert "ratchet_" in scraped.text
+    wrong = {"Authorization": f"Bearer {'n' * 40}"}
+    assert_problem(client.get("/metrics", headers=wrong), 401)

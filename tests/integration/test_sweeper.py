@@ -18,12 +18,12 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from shared.queue import get_celery, webhook_queue
+from shared.queue import webhook_queue
 from shared.settings import get_settings
 from shared.store.db import transaction
 from shared.store.outbox import DeliveryStatus
 from shared.store.tables import Task, WebhookDelivery
-from tests.conftest import REDIS_URL, TenantHandle
+from tests.conftest import REDIS_URL, Configure, TenantHandle
 from tests.fakes.receiver import WebhookReceiver
 from tests.helpers import admit, calculator_script, scripted_task
 from workers import sweeper, webhook_sender
@@ -32,18 +32,13 @@ GRACE_S = 1.0
 
 
 @pytest.fixture
-def queues(service_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
+def queues(service_env: dict[str, str], configure: Configure) -> Iterator[redis.Redis]:
     """Queues of this test's own, a one-second grace, and no other sweeper's lock in the way."""
     name = f"ratchet-sweep-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("RATCHET_QUEUE_NAME", name)
-    monkeypatch.setenv("RATCHET_SWEEP_GRACE_SECONDS", str(GRACE_S))
-    get_settings.cache_clear()
-    get_celery.cache_clear()
+    configure(RATCHET_QUEUE_NAME=name, RATCHET_SWEEP_GRACE_SECONDS=str(GRACE_S))
     broker = redis.Redis.from_url(REDIS_URL)
     yield broker
     broker.delete(name, webhook_queue(get_settings()))
-    get_settings.cache_clear()
-    get_celery.cache_clear()
 
 
 def submit(client: TestClient, tenant: TenantHandle, **extra: Any) -> str:
@@ -140,7 +135,7 @@ def test_a_delivery_gets_a_new_message_once_a_grace_and_not_while_one_waits(
 
 
 def test_a_queue_that_cannot_be_read_never_stops_the_sweeping(
-    queues: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    queues: redis.Redis, configure: Configure
 ) -> None:
     from shared.queue import SENT_AT_HEADER, oldest_waiting_ms
 
@@ -150,7 +145,6 @@ def test_a_queue_that_cannot_be_read_never_stops_the_sweeping(
     queues.delete(queue)
     queues.lpush(queue, b"not json")
     assert oldest_waiting_ms(queue) is None
-    monkeypatch.setenv("RATCHET_BROKER_URL", f"{REDIS_URL}?no_such_option=1")
-    get_settings.cache_clear()
+    configure(RATCHET_BROKER_URL=f"{REDIS_URL}?no_such_option=1")
     assert oldest_waiting_ms(queue) is None  # redis-py refuses the URL: a TypeError
     assert sweeper.sweep_once() == 0

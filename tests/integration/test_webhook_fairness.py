@@ -12,39 +12,25 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from shared.settings import get_settings
 from shared.store.db import now_ms, transaction
 from shared.store.outbox import DeliveryStatus
 from shared.store.tables import WebhookDelivery, WebhookEndpoint
 from shared.webhooks import circuits, endpoints
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.fakes.receiver import WebhookReceiver
 from tests.helpers import scripted_task
 from workers import webhook_sender
 
 PATH = "/v1/webhook-endpoints"
 DONE = ["task.succeeded"]
-
-
-@contextmanager
-def settings(monkeypatch: pytest.MonkeyPatch, **values: str) -> Iterator[None]:
-    """These RATCHET_* settings (by field name) while the block runs."""
-    try:
-        with monkeypatch.context() as patched:
-            for name, value in values.items():
-                patched.setenv(f"RATCHET_{name.upper()}", value)
-            get_settings.cache_clear()
-            yield
-    finally:
-        get_settings.cache_clear()
 
 
 @pytest.fixture
@@ -148,11 +134,12 @@ def test_an_attempt_ends_within_its_deadline_however_slowly_the_receiver_drips(
     tenant: TenantHandle,
     drive: Callable[..., str],
     held_back: list[str],
-    monkeypatch: pytest.MonkeyPatch,
+    configure: Configure,
 ) -> None:
     """The receiver sends a byte of its answer every 0.2 s, forever: each read is quick, but
     the attempt as a whole is cut off at RATCHET_WEBHOOK_TIMEOUT_SECONDS (1 s here)."""
-    with WebhookReceiver() as receiver, settings(monkeypatch, webhook_timeout_seconds="1"):
+    configure(RATCHET_WEBHOOK_TIMEOUT_SECONDS="1")
+    with WebhookReceiver() as receiver:
         receiver.hang("/drip", drip=0.2)
         add_endpoint(tenant, receiver.url("/drip"))
         delivery = delivery_of(finish_task(client, tenant, drive))
@@ -204,13 +191,11 @@ def test_an_endpoints_circuit_opens_after_failures_in_a_row_and_a_probe_closes_i
     make_tenant: Callable[..., TenantHandle],
     drive: Callable[..., str],
     held_back: list[str],
-    monkeypatch: pytest.MonkeyPatch,
+    configure: Configure,
 ) -> None:
     admin = make_tenant(("admin", "tasks:read", "tasks:write"))
-    with (
-        WebhookReceiver() as receiver,
-        settings(monkeypatch, webhook_breaker_failures="3", webhook_breaker_cooldown_seconds="0.5"),
-    ):
+    configure(RATCHET_WEBHOOK_BREAKER_FAILURES="3", RATCHET_WEBHOOK_BREAKER_COOLDOWN_SECONDS="0.5")
+    with WebhookReceiver() as receiver:
         receiver.respond("/down", then=503)
         endpoint_id = add_endpoint(admin, receiver.url("/down"))
         rows = [delivery_of(finish_task(client, admin, drive)) for _ in range(4)]
@@ -244,24 +229,24 @@ def test_an_endpoints_circuit_opens_after_failures_in_a_row_and_a_probe_closes_i
 
 
 def test_once_the_cooldown_is_over_one_caller_probes_and_the_others_wait(
-    make_tenant: Callable[..., TenantHandle], monkeypatch: pytest.MonkeyPatch
+    make_tenant: Callable[..., TenantHandle], configure: Configure
 ) -> None:
     tenant = make_tenant()
     endpoint_id = add_endpoint(tenant, "https://localhost/hooks")
-    with settings(monkeypatch, webhook_breaker_failures="2"):
-        for _ in range(2):
-            with transaction() as session:
-                circuits.record(session, endpoint_id, succeeded=False)
+    configure(RATCHET_WEBHOOK_BREAKER_FAILURES="2")
+    for _ in range(2):
         with transaction() as session:
-            session.execute(
-                update(WebhookEndpoint)
-                .where(WebhookEndpoint.id == endpoint_id)
-                .values(circuit_until_ms=0)  # the cooldown is over
-            )
-        with transaction() as session:
-            first = circuits.admit(session, endpoint_id, probe_ms=60_000)
-        with transaction() as session:
-            second = circuits.admit(session, endpoint_id, probe_ms=60_000)
+            circuits.record(session, endpoint_id, succeeded=False)
+    with transaction() as session:
+        session.execute(
+            update(WebhookEndpoint)
+            .where(WebhookEndpoint.id == endpoint_id)
+            .values(circuit_until_ms=0)  # the cooldown is over
+        )
+    with transaction() as session:
+        first = circuits.admit(session, endpoint_id, probe_ms=60_000)
+    with transaction() as session:
+        second = circuits.admit(session, endpoint_id, probe_ms=60_000)
 
     assert first is None  # the probe
     assert second is not None  # waits for the probe's outcome
@@ -276,16 +261,16 @@ def test_once_the_cooldown_is_over_one_caller_probes_and_the_others_wait(
 
 @pytest.mark.backends("postgresql", "sqlite")
 def test_a_tenant_past_its_most_endpoints_gets_a_409_and_nothing_is_added(
-    client: TestClient, make_tenant: Callable[..., TenantHandle], monkeypatch: pytest.MonkeyPatch
+    client: TestClient, make_tenant: Callable[..., TenantHandle], configure: Configure
 ) -> None:
     admin, other = make_tenant(("admin",)), make_tenant(("admin",))
     body = {"url": "https://localhost/hooks"}
-    with settings(monkeypatch, max_webhook_endpoints_per_tenant="3"):
-        made = [client.post(PATH, json=body, headers=admin.headers) for _ in range(3)]
-        refused = client.post(PATH, json=body, headers=admin.headers)
-        elsewhere = client.post(PATH, json=body, headers=other.headers)
-        client.delete(f"{PATH}/{made[0].json()['id']}", headers=admin.headers)
-        again = client.post(PATH, json=body, headers=admin.headers)
+    configure(RATCHET_MAX_WEBHOOK_ENDPOINTS_PER_TENANT="3")
+    made = [client.post(PATH, json=body, headers=admin.headers) for _ in range(3)]
+    refused = client.post(PATH, json=body, headers=admin.headers)
+    elsewhere = client.post(PATH, json=body, headers=other.headers)
+    client.delete(f"{PATH}/{made[0].json()['id']}", headers=admin.headers)
+    again = client.post(PATH, json=body, headers=admin.headers)
 
     assert [r.status_code for r in made] == [201] * 3
     assert refused.status_code == 409, refused.text

@@ -36,7 +36,7 @@ from shared.store.tables import Task, TaskEvent, WebhookDelivery, WebhookEndpoin
 from shared.webhooks import endpoints as webhook_endpoints
 from shared.webhooks import secrets as webhook_secrets
 from shared.webhooks.signing import signature
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.fakes.receiver import Received, WebhookReceiver
 from tests.helpers import calculator_script, scripted_task
 from workers import webhook_sender
@@ -316,12 +316,9 @@ def nothing_allow_listed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
-def no_webhook_allow_list(
-    backend_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[None]:
-    """Set up after the backend's environment, which would otherwise put the list back."""
-    with nothing_allow_listed(monkeypatch):
-        yield
+def no_webhook_allow_list(configure: Configure) -> None:
+    """The operator allow-lists no webhook host, for the whole test."""
+    configure(RATCHET_WEBHOOK_ALLOWED_HOSTS="")
 
 
 INTERNAL_URLS = [

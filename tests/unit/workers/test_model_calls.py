@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
 
 import pytest
 from tenacity import RetryCallState, Retrying
@@ -24,7 +23,7 @@ from shared.errors import (
     ModelTransientError,
 )
 from shared.ratelimit.in_process import LocalLimiter
-from shared.settings import get_settings
+from tests.conftest import Configure
 from workers import model_calls
 from workers.model_calls import MAX_BACKOFF_SECONDS, Deferred, RetryPolicy
 from workers.providers import ModelRequest, ModelResponse
@@ -46,13 +45,9 @@ class Flaky:
 
 
 @pytest.fixture
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("RATCHET_MODEL_MAX_ATTEMPTS", "3")
-    monkeypatch.setenv("RATCHET_MODEL_RETRY_BASE_SECONDS", "0")
+def quick_retries(configure: Configure, monkeypatch: pytest.MonkeyPatch) -> None:
+    configure(RATCHET_MODEL_MAX_ATTEMPTS="3", RATCHET_MODEL_RETRY_BASE_SECONDS="0")
     monkeypatch.setattr(model_calls, "get_limiter", LocalLimiter)
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
 
 
 def request() -> ModelRequest:
@@ -126,16 +121,15 @@ MAX_ATTEMPTS = 5
 
 
 @pytest.fixture
-def retry_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def retry_settings(configure: Configure) -> None:
     """Backoff from 0.5 s, five attempts, no wait slept in the worker; the default webhook
     schedule."""
-    monkeypatch.delenv("RATCHET_WEBHOOK_RETRY_SCHEDULE", raising=False)
-    monkeypatch.setenv("RATCHET_MODEL_RETRY_BASE_SECONDS", str(BASE))
-    monkeypatch.setenv("RATCHET_MODEL_MAX_ATTEMPTS", str(MAX_ATTEMPTS))
-    monkeypatch.setenv("RATCHET_MODEL_RETRY_INLINE_MAX_SECONDS", "0")
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
+    configure(
+        RATCHET_WEBHOOK_RETRY_SCHEDULE=None,
+        RATCHET_MODEL_RETRY_BASE_SECONDS=str(BASE),
+        RATCHET_MODEL_MAX_ATTEMPTS=str(MAX_ATTEMPTS),
+        RATCHET_MODEL_RETRY_INLINE_MAX_SECONDS="0",
+    )
 
 
 @pytest.fixture
@@ -232,10 +226,9 @@ def test_a_wait_longer_than_the_worker_may_sleep_goes_back_on_the_queue() -> Non
 
 @pytest.mark.usefixtures("retry_settings")
 def test_a_wait_up_to_the_inline_maximum_is_slept_in_the_worker(
-    monkeypatch: pytest.MonkeyPatch,
+    configure: Configure, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("RATCHET_MODEL_RETRY_INLINE_MAX_SECONDS", "1.5")
-    get_settings.cache_clear()
+    configure(RATCHET_MODEL_RETRY_INLINE_MAX_SECONDS="1.5")
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
     policy = RetryPolicy(prior=0)

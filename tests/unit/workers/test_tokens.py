@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from shared.settings import get_settings
+from tests.conftest import Configure
 from workers import tokens
 from workers.providers.base import ModelRequest, ToolSchema
 
@@ -101,9 +102,8 @@ def test_counts_are_remembered_by_hash_not_by_text() -> None:
 
 
 @pytest.fixture
-def downloads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RATCHET_TOKENIZER_DOWNLOADS", "true")
-    get_settings.cache_clear()
+def downloads(configure: Configure) -> None:
+    configure(RATCHET_TOKENIZER_DOWNLOADS="true")
 
 
 @pytest.mark.usefixtures("downloads")

@@ -3,7 +3,6 @@ says, ±20%, failing once the schedule is spent."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,16 +12,14 @@ from hypothesis import strategies as st
 from shared.settings import get_settings
 from shared.store.tables import WebhookDelivery
 from shared.webhooks.deliveries import next_delay_seconds
+from tests.conftest import Configure
 
 SCHEDULE = [0.0, 5.0, 300.0, 1800.0]
 
 
 @pytest.fixture
-def default_schedule(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("RATCHET_WEBHOOK_RETRY_SCHEDULE", raising=False)
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
+def default_schedule(configure: Configure) -> None:
+    configure(RATCHET_WEBHOOK_RETRY_SCHEDULE=None)
 
 
 def delivery(*, attempts: int, attempts_base: int = 0) -> Any:

@@ -4,41 +4,24 @@ statements in one transaction rather than as one statement: the same rows, the s
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
+from tests.conftest import Configure
 from tests.helpers import calculator_script
 
 
 @pytest.fixture
-def sqlite_env(tmp_path: Path) -> Iterator[None]:
-    from shared.queue import get_celery
-    from shared.settings import get_settings
-    from shared.store.db import migrate, reset_engines
+def sqlite_env(tmp_path: Path, configure: Configure) -> None:
+    from shared.store.db import migrate
 
-    env = {
-        "RATCHET_DATABASE_URL": f"sqlite:///{tmp_path / 'ratchet.db'}",
-        "RATCHET_BROKER_URL": "memory://localhost/",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    get_settings.cache_clear()
-    get_celery.cache_clear()
-    reset_engines()
+    configure(
+        RATCHET_DATABASE_URL=f"sqlite:///{tmp_path / 'ratchet.db'}",
+        RATCHET_BROKER_URL="memory://localhost/",
+    )
     migrate()
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    reset_engines()
-    get_settings.cache_clear()
-    get_celery.cache_clear()
 
 
 def new_task(steps: int) -> str:
