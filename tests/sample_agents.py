@@ -9,9 +9,15 @@ from pathlib import Path
 from ratchet import Agent, ToolContext, register_agent, tool
 
 
-def _record(kind: str, context: ToolContext) -> None:
-    # Side effects land in a file so a test (or another process) can count them.
-    journal = os.environ.get("RATCHET_TEST_JOURNAL")
+def _journal() -> str | None:
+    return os.environ.get("RATCHET_TEST_JOURNAL")
+
+
+def _record(kind: str, context: ToolContext, journal: str | None = None) -> None:
+    # Side effects land in a file so a test (or another process) can count them. A slow tool
+    # names the file it was called with: abandoned past its limit, it may write after its
+    # test has ended, and must not write into the next test's journal.
+    journal = journal or _journal()
     if journal:
         with Path(journal).open("a") as handle:
             handle.write(f"{kind} {context.idempotency_key}\n")
@@ -34,8 +40,9 @@ def charge_card(amount_cents: int, context: ToolContext) -> str:
 @tool(timeout=0.2)
 def slow_send(seconds: float, context: ToolContext) -> str:
     """Send something slowly (not idempotent, with a 0.2 s limit)."""
+    journal = _journal()
     time.sleep(seconds)
-    _record("slow", context)
+    _record("slow", context, journal)
     return "sent"
 
 
@@ -64,8 +71,9 @@ def ship_order(order: str, context: ToolContext) -> str:
 @tool(timeout=0.2, on_unknown_outcome="ask")
 def slow_ship(seconds: float, context: ToolContext) -> str:
     """Ship slowly (a 0.2 s limit; when it is abandoned a person decides about a rerun)."""
+    journal = _journal()
     time.sleep(seconds)
-    _record("slow_ship", context)
+    _record("slow_ship", context, journal)
     return "shipped"
 
 
@@ -94,5 +102,31 @@ register_agent(
             "ship_order",
             "slow_ship",
         ),
+    )
+)
+
+
+# A reader whose conversation outgrows a small context window: each page is a long result.
+PAGE_WORDS = 300
+
+
+@tool(idempotent=True)
+def read_page(number: int) -> str:
+    """Read page ``number`` of the test book."""
+    return " ".join(f"page{number}-word{i}" for i in range(PAGE_WORDS))
+
+
+@tool(idempotent=True, max_result_chars=2_000)
+def read_archive(megabytes: int = 1) -> str:
+    """Read the whole test archive (large)."""
+    return "archive " * (megabytes * 131_072)
+
+
+register_agent(
+    Agent(
+        name="reader",
+        description="Test agent whose conversation outgrows a small context window.",
+        system_prompt="You read the test book one page at a time.",
+        tools=("read_page", "read_archive"),
     )
 )
