@@ -16,8 +16,10 @@ from api.problems import field_name
 from api.schemas.tasks import MAX_DELAY_SECONDS, TaskCreate
 from shared.actions import tasks as task_actions
 from shared.actions.tasks import Submitted
-from shared.agents.registry import get_agent, get_registry
+from shared.agents.registry import Agent, get_agent, get_registry
 from shared.errors import EgressDenied, InvalidRequest, NotFound
+from shared.mcp.names import covers, is_mcp_name
+from shared.mcp.tools import problem as mcp_problem
 from shared.model_strings import Script, check_available, parse_model, script_delays_over
 from shared.ratelimit import rules
 from shared.ratelimit.buckets import LimiterUnavailable
@@ -104,7 +106,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
     except NotFound as exc:
         raise InvalidRequest("agent", str(exc)) from exc
     model = _choose_model(body, agent.model, settings=settings)
-    tools = list(agent.tools) if body.tools is None else _check_tools(body.tools, agent.tools)
+    tools = _agent_tools(agent) if body.tools is None else _check_tools(body.tools, agent)
     max_steps = body.max_steps or agent.max_steps or settings.default_max_steps
     if max_steps > settings.max_steps_limit:
         raise InvalidRequest("max_steps", f"must be at most {settings.max_steps_limit}")
@@ -120,7 +122,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
     approval = None
     if body.approval is not None:
         for index, name in enumerate(body.approval.tools):
-            if name not in tools:
+            if not covers(tools, name):
                 raise InvalidRequest(
                     f"approval.tools[{index}]", f"{name!r} is not a tool of this task"
                 )
@@ -178,9 +180,23 @@ def _run_at_ms(body: TaskCreate) -> int | None:
     return int(at * 1000)
 
 
-def _check_tools(requested: list[str], allowed: tuple[str, ...]) -> list[str]:
-    known = get_registry().tools
+def _agent_tools(agent: Agent) -> list[str]:
+    """The agent's own tools, its MCP servers declared and open to it."""
+    for name in agent.tools:
+        if is_mcp_name(name) and (problem := mcp_problem(name, agent=agent.name)) is not None:
+            raise InvalidRequest("agent", f"agent {agent.name!r} names {name!r}: {problem}")
+    return list(agent.tools)
+
+
+def _check_tools(requested: list[str], agent: Agent) -> list[str]:
+    """Python tools of the agent, and tools of MCP servers open to the agent (``server.*``, or
+    a tool the server lists; one that cannot be listed now is taken on trust)."""
+    known, allowed = get_registry().tools, agent.tools
     for index, name in enumerate(requested):
+        if is_mcp_name(name):
+            if (problem := mcp_problem(name, agent=agent.name)) is not None:
+                raise InvalidRequest(f"tools[{index}]", problem)
+            continue
         if name not in known:
             raise InvalidRequest(f"tools[{index}]", f"unknown tool {name!r}")
         if name not in allowed:

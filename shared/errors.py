@@ -9,7 +9,8 @@ RatchetError
 ├── DatabaseNotMigrated         the schema is behind the code
 ├── LeaseLost                   this worker no longer holds the task's lease: stop, write nothing
 ├── ToolError                   a tool call that cannot run or failed
-│   └── ToolArgumentsInvalid    the model's arguments failed validation
+│   ├── ToolArgumentsInvalid    the model's arguments failed validation
+│   └── ToolOutcomeUnknown      a call that may or may not have acted (its server died mid-call)
 ├── EgressDenied                an outbound URL that the egress policy refuses
 └── ModelError                  a model provider call failed
     ├── ModelTransientError     worth retrying: timeouts, 5xx, connection errors
@@ -82,6 +83,10 @@ class ToolError(RatchetError):
 
 class ToolArgumentsInvalid(ToolError):
     """The tool's arguments are not valid."""
+
+
+class ToolOutcomeUnknown(ToolError):
+    """The tool call was sent, and whether it took effect is unknown."""
 
 
 class EgressDenied(RatchetError):

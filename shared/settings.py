@@ -179,6 +179,12 @@ class Settings(BaseSettings):
     webhook_breaker_cooldown_seconds: float = Field(60.0, gt=0)
     max_webhook_endpoints_per_tenant: int = Field(100, ge=1, le=100_000)
     tool_timeout_seconds: float = Field(60.0, gt=0)
+    # MCP servers as tools (shared/mcp): JSON by server name, in the setting or a file (the
+    # setting wins for a name in both), and how long a process trusts a server's tool list
+    # before it lists again (a notifications/tools/list_changed refreshes it sooner).
+    mcp_servers: str = ""
+    mcp_servers_file: Path | None = None
+    mcp_tools_ttl_seconds: float = Field(300.0, gt=0, le=86_400)
 
     # The API server under hostile clients (api/server.py) and its waiting requests
     # (api/stream_limits.py). A request head (request line and headers) over these sizes is
@@ -324,6 +330,23 @@ class Settings(BaseSettings):
     def _concurrency_file(cls, value: Path | None) -> Path | None:
         if value is not None:
             from shared.scheduling.concurrency import parse_file
+
+            parse_file(value)
+        return value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_servers(cls, value: str) -> str:
+        from shared.mcp.config import parse_inline  # imported late, as above
+
+        parse_inline(value)
+        return value
+
+    @field_validator("mcp_servers_file")
+    @classmethod
+    def _mcp_servers_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            from shared.mcp.config import parse_file
 
             parse_file(value)
         return value

@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 from shared.agents.registry import Tool, ToolContext
-from shared.errors import RatchetError
+from shared.errors import RatchetError, ToolOutcomeUnknown
 from shared.settings import get_settings
 from workers import cancels
 
@@ -38,6 +38,8 @@ def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outc
         raise
     except TimeoutError:
         return Outcome(ok=False, error=f"{tool.name} timed out after {limit:g} s", unknown=True)
+    except ToolOutcomeUnknown as exc:  # e.g. an MCP server that died mid-call
+        return Outcome(ok=False, error=storable_text(_text_of(exc)), unknown=True)
     except RatchetError as exc:
         return Outcome(ok=False, error=storable_text(_text_of(exc)))
     except Exception as exc:  # a tool's bug goes back to the model, it does not crash the task

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 
+from shared.mcp.names import server_of
 from shared.ops.sessions import Login
 from shared.views import aware
 
@@ -54,6 +55,7 @@ def _epoch(seconds: float) -> datetime:
 
 
 templates.env.filters.update(time=_time, number=_number, money=_money, epoch=_epoch)
+templates.env.filters.update(mcp_server=server_of)  # the MCP server of a `<server>.<tool>`
 templates.env.globals.update(query=_query)
 
 

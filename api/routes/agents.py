@@ -9,7 +9,9 @@ from fastapi import APIRouter, Query
 from api.deps import Reader
 from api.params import cursor_after, encode_cursor
 from api.schemas.agents import AgentList, AgentOut, ToolOut
-from shared.agents.registry import get_registry
+from shared.agents.registry import Agent, Tool, get_registry
+from shared.mcp.names import is_mcp_name
+from shared.mcp.tools import API_LIST_SECONDS, McpTool, resolve
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
@@ -30,7 +32,7 @@ def list_agents(
     items = []
     for name in page:
         agent = registry.agents[name]
-        tools = [registry.tools[t] for t in agent.tools]
+        tools = _tools_of(agent)
         items.append(
             AgentOut(
                 name=agent.name,
@@ -45,9 +47,19 @@ def list_agents(
                         idempotent=t.idempotent,
                         requires_approval=t.requires_approval is not False,
                         timeout=t.timeout,
+                        server=t.server if isinstance(t, McpTool) else None,
                     )
                     for t in tools
                 ],
             )
         )
     return AgentList(items=items, next_cursor=encode_cursor(page[-1]) if more else None)
+
+
+def _tools_of(agent: Agent) -> list[Tool]:
+    """The agent's tools, its MCP servers' as they list them now (``server.*`` expanded; a
+    server slow to list is waited for only a few seconds)."""
+    registry = get_registry()
+    mcp = [name for name in agent.tools if is_mcp_name(name)]
+    found = resolve(mcp, agent=agent.name, timeout=API_LIST_SECONDS) if mcp else {}
+    return [registry.tools[n] for n in agent.tools if n in registry.tools] + list(found.values())

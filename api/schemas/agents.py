@@ -17,6 +17,11 @@ class ToolOut(BaseModel):
         "arguments decides (a submission may ask for more)"
     )
     timeout: float | None
+    server: str | None = Field(
+        None,
+        description="the MCP server whose tool it is (named `<server>.<tool>`); null for a "
+        "Python tool",
+    )
 
 
 class AgentOut(BaseModel):

@@ -6,10 +6,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, HttpUrl, computed_field
 
 from api.schemas.fields import FINITE, JSON_VALUE_SCHEMA, JsonValue, MetadataValue, ShortText, Text
 from api.schemas.webhooks import DEFAULT_WEBHOOK_EVENTS
+from shared.mcp.names import server_of
 from shared.model_strings import Script
 from shared.store.events import EventType
 from shared.views import TaskView, Usage
@@ -164,6 +165,14 @@ class ToolCallOut(BaseModel):
     approval: CallApproval | None = Field(
         None, description="for a call that needed a person's decision: its deadline and decision"
     )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="the MCP server the call went to (its tool is named `<server>.<tool>`); "
+        "null for a Python tool"
+    )
+    @property
+    def server(self) -> str | None:
+        return server_of(self.name)
 
 
 class CallApproval(BaseModel):

@@ -194,7 +194,12 @@ def tool(
 
 
 def register_agent(agent: Agent) -> Agent:
-    missing = [name for name in agent.tools if name not in _registry.tools]
+    """Register ``agent``. Its tools are Python tools registered before it, or MCP tools
+    (``<server>.<tool>``, ``<server>.*``), whose servers are checked when a task is submitted:
+    they are declared in the settings, which are not read at import."""
+    from shared.mcp.names import is_mcp_name
+
+    missing = [n for n in agent.tools if n not in _registry.tools and not is_mcp_name(n)]
     if missing:
         raise NotFound(f"agent {agent.name!r} names unknown tool(s): {', '.join(missing)}")
     _registry.agents[agent.name] = agent
@@ -224,8 +229,14 @@ def get_agent(name: str) -> Agent:
     return agent
 
 
-def get_tool(name: str) -> Tool:
+def get_tool(name: str, *, agent: str = "default") -> Tool:
+    """The tool named ``name``: a Python tool, or a tool of an MCP server (``<server>.<tool>``)
+    that tasks of ``agent`` may use."""
     found = get_registry().tools.get(name)
+    if found is None and "." in name:
+        from shared.mcp.tools import resolve
+
+        found = resolve([name], agent=agent).get(name)
     if found is None:
         raise NotFound(f"no tool named {name!r}")
     return found

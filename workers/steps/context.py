@@ -16,6 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.agents.registry import Agent, Tool, get_agent, get_registry
+from shared.mcp import tools as mcp_tools
+from shared.mcp.names import is_mcp_name
 from shared.store import checkpoints, ledger
 from shared.store.backends import write_session
 from shared.store.leases import Lease
@@ -104,8 +106,13 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
 
 
 def task_tools(task: TaskState) -> dict[str, Tool]:
+    """The task's tools by name: Python tools, and its MCP servers' tools as this process last
+    listed them (``<server>.*`` expanded; see shared.mcp.tools)."""
     registry = get_registry()
-    return {name: registry.tools[name] for name in task.tools if name in registry.tools}
+    tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
+    if any(is_mcp_name(name) for name in task.tools):
+        tools |= mcp_tools.resolve(task.tools, agent=task.agent)
+    return tools
 
 
 _tenant_names: dict[str, str] = {}
