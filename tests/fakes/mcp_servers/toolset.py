@@ -2,7 +2,8 @@
 
 ``MCP_FAKE_DIR/starts``: one line per server start (its pid). ``MCP_FAKE_DIR/calls``: one
 JSON line per call, written before the tool acts: ``{"tool", "arguments", "key", "pid"}``,
-``key`` being the ``ratchet/idempotency_key`` of the call's ``_meta``.
+``key`` being the ``ratchet/idempotency_key`` of the call's ``_meta``. The slow tools end
+early once the file ``MCP_FAKE_DIR/release`` exists.
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ def _record(tool: str, arguments: dict[str, Any], ctx: Context) -> None:
     _append("calls", json.dumps(entry))
 
 
+async def _hold(seconds: float) -> None:
+    """Sleep ``seconds``, or less once the file ``MCP_FAKE_DIR/release`` exists."""
+    release = Path(os.environ.get("MCP_FAKE_DIR") or ".") / "release"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline and not release.exists():
+        await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
+
+
 def build(name: str) -> MCPServer:
     """A server named ``name`` with the test tools; its start is recorded."""
     server = MCPServer(name, log_level="CRITICAL")  # its errors are the tests' to read
@@ -91,14 +101,14 @@ def build(name: str) -> MCPServer:
     async def slow_write(seconds: float, ctx: Context) -> str:
         """A side effect that takes its time."""
         _record("slow_write", {"seconds": seconds}, ctx)
-        await asyncio.sleep(seconds)
+        await _hold(seconds)
         return "written"
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
     async def slow_read(seconds: float, ctx: Context) -> str:
         """A read that takes its time."""
         _record("slow_read", {"seconds": seconds}, ctx)
-        await asyncio.sleep(seconds)
+        await _hold(seconds)
         return "read"
 
     @server.tool()
