@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str | None = None
     anthropic_api_key: SecretStr | None = None
+    # Anthropic prompt caching: cache_control on the stable prefix (the system prompt and the
+    # tool definitions) of every call; a task turns it off with model_options.prompt_caching.
+    anthropic_prompt_caching: bool = True
+    # Prices (shared/prices.json ships with the package): a JSON file of the same form whose
+    # models replace or add to the shipped ones.
+    prices_file: Path | None = None
     # The deterministic `scripted` model: on under `ratchet dev` and in the tests, off in
     # production, where a task could otherwise hold a worker for as long as it likes.
     scripted_model: bool = False
@@ -332,6 +338,15 @@ class Settings(BaseSettings):
             from shared.scheduling.concurrency import parse_file
 
             parse_file(value)
+        return value
+
+    @field_validator("prices_file")
+    @classmethod
+    def _prices_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            from shared.pricing import load_file  # imported late: it reads these settings
+
+            load_file(value)
         return value
 
     @field_validator("mcp_servers")

@@ -5,13 +5,60 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from shared.pricing import is_priced
 
 
 class Usage(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
+    """Tokens and cost of a task's (or a step's) model calls."""
+
+    input_tokens: int = Field(0, description="the whole prompt, cached tokens included")
+    output_tokens: int = Field(0, description="the answers, reasoning tokens included")
+    cached_input_tokens: int = Field(
+        0, description="of the input tokens, read from the provider's prompt cache"
+    )
+    cache_write_tokens: int = Field(
+        0, description="of the input tokens, written to the provider's prompt cache"
+    )
+    reasoning_tokens: int = Field(0, description="of the output tokens, spent reasoning")
+    cost_usd: float | None = Field(
+        0.0,
+        description="at list prices (see RATCHET_PRICES_FILE); null when the model has no "
+        "known price",
+    )
+
+
+def usage_of(row: UsageRow, *, model: str) -> Usage:
+    """A task's or a step's usage, as read. An unpriced model's calls were recorded at $0: its
+    cost is unknown (null), not zero (unless a priced call, a summary's, added some)."""
+    cost = row.cost_usd
+    return Usage(
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
+        # A row inserted a moment ago holds None where the database put its default (0).
+        cached_input_tokens=row.cached_input_tokens or 0,
+        cache_write_tokens=row.cache_write_tokens or 0,
+        reasoning_tokens=row.reasoning_tokens or 0,
+        cost_usd=round(cost, 8) if cost or is_priced(model) else None,
+    )
+
+
+class UsageRow(Protocol):
+    """What a task's or a step's row holds of its usage."""
+
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def cached_input_tokens(self) -> int: ...
+    @property
+    def cache_write_tokens(self) -> int: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+    @property
+    def cost_usd(self) -> float: ...
 
 
 class TaskView(BaseModel):
@@ -90,6 +137,12 @@ class TaskState(Protocol):
     @property
     def output_tokens(self) -> int: ...
     @property
+    def cached_input_tokens(self) -> int: ...
+    @property
+    def cache_write_tokens(self) -> int: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+    @property
     def cost_usd(self) -> float: ...
     @property
     def result(self) -> dict[str, Any] | None: ...
@@ -139,11 +192,7 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         finished_at=aware(task.finished_at),
         steps=task.steps,
         attempt=task.attempt,
-        usage=Usage(
-            input_tokens=task.input_tokens,
-            output_tokens=task.output_tokens,
-            cost_usd=round(task.cost_usd, 8),
-        ),
+        usage=usage_of(task, model=task.model),
         result=task.result,
         error=task.error,
         pending_approval=(

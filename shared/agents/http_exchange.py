@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import heapq
+import itertools
 import os
 import socket
 import ssl
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -129,20 +132,19 @@ class Cutoff:
     opened again could. The duplicate is closed when the exchange ends; a connection shut down
     at the deadline fails, and is never kept for another call. The cutoff watches the
     connections its thread uses while it is entered (an exchange runs on its caller's
-    thread)."""
+    thread). The process's :class:`Clock` fires it at its deadline."""
 
     def __init__(self, seconds: float) -> None:
         self.fired = False
+        self._seconds = seconds
         self._socket: socket.socket | None = None
         self._connection: object = None  # what the socket is a duplicate of
         self._over = False
         self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
 
     def __enter__(self) -> Cutoff:
         _watching.cutoff = self
-        self._timer.start()
+        _process.clock.add(time.monotonic() + self._seconds, self)
         return self
 
     def __exit__(
@@ -152,7 +154,6 @@ class Cutoff:
         tb: TracebackType | None,
     ) -> None:
         _watching.cutoff = None
-        self._timer.cancel()
         with self._lock:
             self._over = True
             if self._socket is not None:
@@ -170,13 +171,43 @@ class Cutoff:
             if self.fired:  # connected, or taken from the pool, just as the deadline passed
                 _shut(self._socket)
 
-    def _fire(self) -> None:
+    def fire(self) -> None:
+        """The deadline passed: shut the connection down, unless the exchange is over."""
         with self._lock:
             if self._over:
                 return
             self.fired = True
             if self._socket is not None:
                 _shut(self._socket)
+
+
+class Clock:
+    """One thread per process that fires each cutoff at its deadline (a timer thread per
+    exchange cost a thread's start, and its stack, on every call). A cutoff whose exchange
+    ended stays queued until its deadline and is then passed over."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[float, int, Cutoff]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition(threading.Lock())
+        self._running = False
+
+    def add(self, deadline: float, cutoff: Cutoff) -> None:
+        with self._changed:
+            heapq.heappush(self._queue, (deadline, next(self._order), cutoff))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="http-cutoffs", daemon=True).start()
+            elif self._queue[0][2] is cutoff:  # sooner than the one the thread waits for
+                self._changed.notify()
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                while self._queue and self._queue[0][0] <= now:
+                    heapq.heappop(self._queue)[2].fire()
+                self._changed.wait(self._queue[0][0] - now if self._queue else None)
 
 
 class _Watching(threading.local):
@@ -315,6 +346,7 @@ class _ThisProcess:
 
     def __init__(self) -> None:
         self.clients = Clients()
+        self.clock = Clock()  # a fork leaves the parent's thread behind
         self.tls_lock = threading.Lock()  # one not held by a thread the fork left behind
 
 

@@ -39,6 +39,10 @@ class ModelCall:
     cost_usd: float
     latency_ms: int
     started_at: datetime
+    # Within the tokens above: read from and written to the prompt cache; spent reasoning.
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 def load_steps(
@@ -79,6 +83,9 @@ def save_model_response(lease: Lease, call: ModelCall, *, final: bool = False) -
             "response": call.response,
             "input_tokens": call.input_tokens,
             "output_tokens": call.output_tokens,
+            "cached_input_tokens": call.cached_input_tokens,
+            "cache_write_tokens": call.cache_write_tokens,
+            "reasoning_tokens": call.reasoning_tokens,
             "cost_usd": call.cost_usd,
             "model_latency_ms": call.latency_ms,
             "lease_epoch": lease.epoch,

@@ -42,7 +42,15 @@ class Event:
 
 
 def model_response_data(
-    step: int, said: dict[str, Any], *, input_tokens: int, output_tokens: int, cost_usd: float
+    step: int,
+    said: dict[str, Any],
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    cost_usd: float,
+    cached_input_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    reasoning_tokens: int = 0,
 ) -> dict[str, Any]:
     """The ``step.model_response`` event: the answer (as its checkpoint holds it), its tool
     calls' ids and its usage. Built so when it is written and again when it is read."""
@@ -50,7 +58,14 @@ def model_response_data(
     if calls:  # each call with the id the ledger and API use (copied: ``said`` is not changed)
         calls = [call | {"call_id": ledger.call_id(step, p)} for p, call in enumerate(calls)]
         said = said | {"tool_calls": calls}
-    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost_usd}
+    usage = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cached_input_tokens": cached_input_tokens,
+        "cache_write_tokens": cache_write_tokens,
+        "reasoning_tokens": reasoning_tokens,
+        "cost_usd": cost_usd,
+    }
     return {"step": step, **said, "usage": usage}
 
 
@@ -107,6 +122,9 @@ def _whole(
             input_tokens=step.input_tokens,
             output_tokens=step.output_tokens,
             cost_usd=step.cost_usd,
+            cached_input_tokens=step.cached_input_tokens,
+            cache_write_tokens=step.cache_write_tokens,
+            reasoning_tokens=step.reasoning_tokens,
         )
     if names_call(type_, data):
         call = calls[data["call_id"]]

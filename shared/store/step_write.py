@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from shared.store.leases import Lease
 
 CANCELLED_ERROR = {"type": "cancelled", "message": "cancelled at the client's request"}
+# Counts within a call's tokens: of the input, read from and written to the provider's prompt
+# cache; of the output, spent reasoning.
+USAGE_DETAILS = ("cached_input_tokens", "cache_write_tokens", "reasoning_tokens")
 
 
 def _fence(*, honour_cancel: bool) -> ColumnElement[bool]:
@@ -160,12 +163,22 @@ def _held(lease: Lease) -> ColumnElement[bool]:
     )
 
 
-def usage_values(*, input_tokens: int, output_tokens: int, cost_usd: float) -> dict[str, Any]:
-    return {
+def usage_values(
+    *, input_tokens: int, output_tokens: int, cost_usd: float, **details: int
+) -> dict[str, Any]:
+    """The increments of a task's usage. ``details`` are the counts within those tokens
+    (``cached_input_tokens``, ``cache_write_tokens``, ``reasoning_tokens``): each is written
+    only when there is some, so a call without them writes what it always did."""
+    values: dict[str, Any] = {
         "input_tokens": Increment(input_tokens),
         "output_tokens": Increment(output_tokens),
         "cost_usd": Increment(cost_usd),
     }
+    unknown = set(details) - set(USAGE_DETAILS)
+    if unknown:
+        raise TypeError(f"not usage counts: {sorted(unknown)}")
+    values.update({name: Increment(count) for name, count in details.items() if count})
+    return values
 
 
 def progress_values(lease: Lease, *, next_owner: str | None = None) -> dict[str, Any]:
@@ -308,10 +321,15 @@ def release(
     )
 
 
-def add_usage(*, input_tokens: int, output_tokens: int, cost_usd: float) -> TaskWrite:
-    """Add a model call's tokens and cost to the task's totals."""
+def add_usage(
+    *, input_tokens: int, output_tokens: int, cost_usd: float, **details: int
+) -> TaskWrite:
+    """Add a model call's tokens and cost to the task's totals (``details``: see
+    :func:`usage_values`)."""
     return TaskWrite(
-        usage_values(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd)
+        usage_values(
+            input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd, **details
+        )
     )
 
 

@@ -1,12 +1,16 @@
 """The ``http_request`` exchange's pieces that need no server: the headers sent, the body's
-decoding at the cap, and the process's clients (one per host, kept, a bounded number)."""
+decoding at the cap, the process's clients (one per host, kept, a bounded number) and the clock
+that fires the exchanges' deadlines."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
 from shared.agents import http_exchange
-from shared.agents.http_exchange import Clients, _decode, outgoing_headers
+from shared.agents.http_exchange import Clients, Clock, _decode, outgoing_headers
 
 
 def test_the_calls_key_replaces_the_models_and_host_is_not_forwarded() -> None:
@@ -49,3 +53,23 @@ def test_a_client_for_another_process_is_not_used(monkeypatch: pytest.MonkeyPatc
     http_exchange.client_for("a.example")
     assert http_exchange._process.clients is not parents
     assert parents._by_host == {}
+
+
+class _Noted:
+    def __init__(self, name: str, fired: list[str], done: threading.Event) -> None:
+        self.name, self._fired, self._done = name, fired, done
+
+    def fire(self) -> None:
+        self._fired.append(self.name)
+        if len(self._fired) == 2:
+            self._done.set()
+
+
+def test_the_clock_fires_each_cutoff_at_its_deadline_the_soonest_first() -> None:
+    clock, fired, done = Clock(), list[str](), threading.Event()
+    now = time.monotonic()
+    clock.add(now + 0.5, _Noted("later", fired, done))  # type: ignore[arg-type]
+    clock.add(now + 0.05, _Noted("sooner", fired, done))  # type: ignore[arg-type]
+    assert done.wait(30)
+    assert fired == ["sooner", "later"]
+    assert time.monotonic() >= now + 0.5
