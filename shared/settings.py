@@ -117,6 +117,13 @@ class Settings(BaseSettings):
     # production, where a task could otherwise hold a worker for as long as it likes.
     scripted_model: bool = False
     scripted_max_delay_ms: int = Field(60_000, ge=0, le=600_000)
+    # Structured output: how often an answer that misses the task's output_schema goes back to
+    # the model before the task fails (invalid_output), and the largest schema accepted.
+    output_retries: int = Field(2, ge=0, le=20)
+    output_schema_max_bytes: int = Field(65_536, ge=1024, le=1_048_576)
+    # Multimodal input: the largest image or file part (decoded), and all of a task's parts.
+    input_part_max_bytes: int = Field(5_000_000, ge=1024)
+    input_max_bytes: int = Field(20_000_000, ge=1024)
 
     rate_limits: str = ""
     rate_limits_file: Path | None = None

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
 
 from shared.pricing import is_priced
 
@@ -61,6 +61,31 @@ class UsageRow(Protocol):
     def cost_usd(self) -> float: ...
 
 
+# Said in the OpenAPI document: what ``output`` holds depends on the task's output_schema.
+TaskResult = Annotated[
+    dict[str, Any] | None,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "output": {
+                            "description": "the final answer: its text, or, when the task had "
+                            "an `output_schema`, the JSON value it parsed as (which met the "
+                            "schema)",
+                        }
+                    },
+                    "required": ["output"],
+                },
+                {"type": "null"},
+            ],
+            "description": '`{"output": …}` once the task succeeded, else null',
+        }
+    ),
+]
+
+
 class TaskView(BaseModel):
     id: str
     status: str
@@ -72,7 +97,7 @@ class TaskView(BaseModel):
     steps: int
     attempt: int
     usage: Usage
-    result: dict[str, Any] | None
+    result: TaskResult
     error: dict[str, Any] | None
     pending_approval: dict[str, Any] | None
     # A cancel asked for while a step was in flight, until the task is cancelled.
@@ -174,6 +199,8 @@ class TaskState(Protocol):
     def run_at(self) -> datetime | None: ...
     @property
     def schedule_id(self) -> str | None: ...
+    @property
+    def output_schema(self) -> dict[str, Any] | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:

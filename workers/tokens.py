@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from shared.settings import get_settings
 from workers.providers.base import ModelRequest, estimate_tokens
+from workers.providers.parts import media_tokens, text_of
 
 if TYPE_CHECKING:
     import tiktoken
@@ -56,7 +57,9 @@ _lock = threading.Lock()
 def request_tokens(request: ModelRequest, model: str, *, default_output: int) -> int:
     """The prompt's tokens plus the most the answer may use; ``model`` is ``provider:name``."""
     count = _counter(model)
-    prompt = sum(count(str(m.get("content") or "")) for m in request.messages)
+    prompt = sum(
+        count(text_of(m.get("content"))) + media_tokens(m.get("content")) for m in request.messages
+    )
     prompt += sum(count(json.dumps(t.parameters)) for t in request.tools)
     if count is not estimate_tokens:
         prompt += PER_MESSAGE * len(request.messages) + REPLY_PRIMING

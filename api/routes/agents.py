@@ -39,6 +39,7 @@ def list_agents(
                 description=agent.description,
                 model=agent.model,
                 max_steps=agent.max_steps,
+                output_schema=agent.output_schema,
                 tools=[
                     ToolOut(
                         name=t.name,

@@ -30,6 +30,9 @@ class AgentOut(BaseModel):
     model: str | None
     max_steps: int | None
     tools: list[ToolOut]
+    output_schema: dict[str, Any] | None = Field(
+        None, description="the JSON Schema its final answers must meet, unless a task gives one"
+    )
 
 
 class AgentList(BaseModel):

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from shared.errors import NotFound, ToolArgumentsInvalid
+from shared.errors import InvalidRequest, NotFound, ToolArgumentsInvalid
 
 UnknownOutcomePolicy = Literal["fail", "tell_model", "ask"]
 ApprovalTimeoutPolicy = Literal["reject", "approve", "fail"]
@@ -100,6 +100,8 @@ class Agent:
     tools: tuple[str, ...] = ()
     max_steps: int | None = None
     description: str = ""
+    # The JSON Schema its final answers must meet (a task's own output_schema wins).
+    output_schema: dict[str, Any] | None = None
 
 
 @dataclass
@@ -202,6 +204,13 @@ def register_agent(agent: Agent) -> Agent:
     missing = [n for n in agent.tools if n not in _registry.tools and not is_mcp_name(n)]
     if missing:
         raise NotFound(f"agent {agent.name!r} names unknown tool(s): {', '.join(missing)}")
+    if agent.output_schema is not None:
+        from shared.output_schema import MAX_AGENT_SCHEMA_BYTES, check_schema
+
+        try:
+            check_schema(agent.output_schema, max_bytes=MAX_AGENT_SCHEMA_BYTES)
+        except InvalidRequest as exc:
+            raise ValueError(f"agent {agent.name!r}: {exc}") from None
     _registry.agents[agent.name] = agent
     return agent
 

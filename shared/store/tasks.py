@@ -63,6 +63,7 @@ class NewTask:
     priority: int = 0
     run_at_ms: int | None = None  # not before then (epoch ms); None: at once
     schedule_id: str | None = None
+    output_schema: dict[str, Any] | None = None  # the JSON Schema the final answer must meet
 
 
 def create_task(
@@ -96,6 +97,7 @@ def create_task(
         priority=spec.priority,
         run_at=_at(spec.run_at_ms),
         schedule_id=spec.schedule_id,
+        output_schema=spec.output_schema,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

@@ -8,6 +8,7 @@ from typing import Any
 import anthropic
 
 from shared.settings import get_settings
+from workers.providers import parts, structured
 from workers.providers.base import (
     Message,
     ModelRequest,
@@ -55,7 +56,7 @@ def to_anthropic(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
                 )
             wire.append({"role": "assistant", "content": blocks})
         else:
-            wire.append({"role": "user", "content": message.get("content") or ""})
+            wire.append({"role": "user", "content": parts.to_anthropic(message.get("content"))})
     return system, wire
 
 
@@ -97,11 +98,13 @@ class AnthropicProvider:
         options: dict[str, Any] = {k: v for k, v in request.options.items() if k in PASSED_OPTIONS}
         if system:
             options["system"] = system
-        if request.tools:
-            options["tools"] = [
-                {"name": t.name, "description": t.description, "input_schema": t.parameters}
-                for t in request.tools
-            ]
+        tools = [
+            {"name": t.name, "description": t.description, "input_schema": t.parameters}
+            for t in request.tools
+        ]
+        output = structured.for_anthropic(request, tools, options)
+        if tools:
+            options["tools"] = tools
         try:
             reply = self.client.messages.create(
                 model=request.model,
@@ -117,9 +120,10 @@ class AnthropicProvider:
             for block in reply.content
             if block.type == "tool_use"
         ]
-        return ModelResponse(
+        response = ModelResponse(
             content=text or None,
             tool_calls=calls,
             input_tokens=reply.usage.input_tokens,
             output_tokens=reply.usage.output_tokens,
         )
+        return response if output is None else output.answer(response)

@@ -2,7 +2,9 @@
 
 Messages are dicts: ``{"role": "system"|"user"|"assistant"|"tool", "content": str|None}``,
 assistant messages may carry ``tool_calls: [{"id", "name", "arguments"}]`` and tool messages
-carry ``tool_call_id`` and ``name``. Providers translate to and from their wire formats.
+carry ``tool_call_id`` and ``name``. A user message's content may instead be a list of parts
+(``{"type": "text"|"image"|"file", …}``, see ``workers.providers.parts``). Providers translate
+to and from their wire formats.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class ModelRequest:
     messages: list[Message]
     tools: list[ToolSchema]
     options: dict[str, Any]
+    # The JSON Schema the final answer must meet: the provider asks for it in its
+    # structured-output mode (``workers.providers.structured``).
+    output_schema: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,9 +105,11 @@ class ModelResponse:
     tool_calls: list[ToolCallRequest] = field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
+    # Why this final answer misses the task's output schema (it goes back to the model).
+    output_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        said: dict[str, Any] = {
             "content": self.content,
             "tool_calls": [
                 {"id": c.id, "name": c.name, "arguments": c.arguments}
@@ -110,6 +117,9 @@ class ModelResponse:
                 for c in self.tool_calls
             ],
         }
+        if self.output_error is not None:
+            said["output_error"] = self.output_error
+        return said
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelResponse:
@@ -124,6 +134,7 @@ class ModelResponse:
                 )
                 for c in data.get("tool_calls", [])
             ],
+            output_error=data.get("output_error"),
         )
 
 

@@ -14,6 +14,7 @@ from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientE
 from shared.model_strings import Script, ScriptTurn
 from shared.settings import get_settings
 from workers.providers.base import ModelRequest, ModelResponse, ToolCallRequest, estimate_tokens
+from workers.providers.parts import estimated_tokens
 
 
 class ScriptedProvider:
@@ -75,4 +76,4 @@ class ScriptedProvider:
 
 
 def _prompt_tokens(request: ModelRequest) -> int:
-    return sum(estimate_tokens(str(m.get("content") or "")) for m in request.messages)
+    return sum(estimated_tokens(m.get("content")) for m in request.messages)

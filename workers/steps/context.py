@@ -27,6 +27,7 @@ from shared.views import TaskState
 from workers import tool_runner
 from workers.providers import ModelResponse
 from workers.providers.base import Message
+from workers.steps import output
 
 
 def worker_id() -> str:
@@ -167,6 +168,7 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
                     "content": content,
                 }
             )
+        messages.extend(output.feedback(step.response))
     return messages
 
 
@@ -193,7 +195,7 @@ def read_back(ctx: Context, response: ModelResponse) -> list[Message]:
         messages.append(
             {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
         )
-    return messages
+    return messages + output.feedback(answer)
 
 
 def as_decided(requested: list[dict[str, Any]], rows: Iterable[ToolCall]) -> list[dict[str, Any]]:
