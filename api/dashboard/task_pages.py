@@ -30,7 +30,7 @@ from shared.store import checkpoints, ledger
 from shared.store.db import get_sessionmaker
 from shared.store.events import list_events
 from shared.store.tables import Step, Task, utcnow
-from shared.views import aware
+from shared.views import aware, usage_of
 from shared.webhooks import deliveries as webhook_deliveries
 
 router = APIRouter(prefix=PATH, include_in_schema=False)
@@ -188,6 +188,9 @@ def _task(login: Login, task_id: str) -> dict[str, Any]:
         "tenant": tenant,
         "steps": [(s, by_step.get(s.number, [])) for s in steps],
         "bars": waterfall(task, steps),
+        # Cost unknown (None) for a model with no price, rather than $0.
+        "usage": usage_of(task, model=task.model),
+        "step_usage": {s.number: usage_of(s, model=task.model) for s in steps},
         "events": events,
         "deliveries": [(d, attempts.get(d.id, [])) for d in deliveries],
         "terminal": task.status in TERMINAL_STATUSES,

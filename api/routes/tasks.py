@@ -37,7 +37,7 @@ from shared.store import checkpoints, ledger, tasks
 from shared.store.db import get_sessionmaker
 from shared.store.tables import Step, Task, ToolCall
 from shared.store.tenants import APPROVE, Principal
-from shared.views import TaskView, Usage, aware, task_view
+from shared.views import TaskView, aware, task_view, usage_of
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 MAX_WAIT_SECONDS = 60
@@ -281,7 +281,10 @@ def list_steps(
         more = len(steps) > limit
         steps = steps[:limit]
         calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
-        items = [_step_out(s, [c for c in calls if c.step_number == s.number]) for s in steps]
+        items = [
+            _step_out(s, [c for c in calls if c.step_number == s.number], model=task.model)
+            for s in steps
+        ]
     next_cursor = params.encode_cursor(str(steps[-1].number)) if more else None
     failed = (task.waiting or {}).get("model_attempts") or (task.error or {}).get("attempts")
     return StepList(
@@ -292,14 +295,12 @@ def list_steps(
     )
 
 
-def _step_out(step: Step, calls: list[ToolCall]) -> StepOut:
+def _step_out(step: Step, calls: list[ToolCall], *, model: str) -> StepOut:
     return StepOut(
         number=step.number,
         status=checkpoints.status(step),
         model=step.response,
-        usage=Usage(
-            input_tokens=step.input_tokens, output_tokens=step.output_tokens, cost_usd=step.cost_usd
-        ),
+        usage=usage_of(step, model=model),
         model_latency_ms=step.model_latency_ms,
         started_at=aware(step.started_at),
         model_completed_at=aware(step.model_completed_at),

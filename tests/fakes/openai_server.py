@@ -67,6 +67,10 @@ class Completion:
     calls: tuple[Call, ...] = ()
     prompt_tokens: int = 20
     completion_tokens: int = 10
+    # Reported in usage's details when set: of the prompt, read from the prompt cache; of the
+    # completion, spent reasoning.
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -278,12 +282,21 @@ class OpenAIServer:
                     "finish_reason": "tool_calls" if reply.calls else "stop",
                 }
             ],
-            "usage": {
-                "prompt_tokens": reply.prompt_tokens,
-                "completion_tokens": reply.completion_tokens,
-                "total_tokens": reply.prompt_tokens + reply.completion_tokens,
-            },
+            "usage": _usage(reply),
         }
+
+
+def _usage(reply: Completion) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": reply.completion_tokens,
+        "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+    }
+    if reply.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens, "audio_tokens": 0}
+    if reply.reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_tokens}
+    return usage
 
 
 class _HTTPServer(ThreadingHTTPServer):

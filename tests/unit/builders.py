@@ -42,6 +42,9 @@ _DEFAULTS: dict[str, Any] = {
     "waiting": None,
     "input_tokens": 0,
     "output_tokens": 0,
+    "cached_input_tokens": 0,
+    "cache_write_tokens": 0,
+    "reasoning_tokens": 0,
     "cost_usd": 0.0,
     "result": None,
     "error": None,
@@ -60,6 +63,8 @@ _DEFAULTS: dict[str, Any] = {
     "last_event_seq": 5,
     "idempotency_key": None,
     "request_hash": None,
+    "output_schema": None,
+    "context": None,
 }
 
 

@@ -2,9 +2,7 @@
 
 Messages are dicts: ``{"role": "system"|"user"|"assistant"|"tool", "content": str|None}``,
 assistant messages may carry ``tool_calls: [{"id", "name", "arguments"}]`` and tool messages
-carry ``tool_call_id`` and ``name``. A user message's content may instead be a list of parts
-(``{"type": "text"|"image"|"file", …}``, see ``workers.providers.parts``). Providers translate
-to and from their wire formats.
+carry ``tool_call_id`` and ``name``. Providers translate to and from their wire formats.
 """
 
 from __future__ import annotations
@@ -26,6 +24,9 @@ import httpx
 from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
 
 Message = dict[str, Any]
+# The most an answer may use when the task sets no ``max_tokens``: what Ratchet sends where
+# the API requires a value (Anthropic), and what a budget assumes of the others.
+DEFAULT_MAX_TOKENS = 4096
 Client = TypeVar("Client")
 CLIENT_SHARDS = 16
 
@@ -86,9 +87,6 @@ class ModelRequest:
     messages: list[Message]
     tools: list[ToolSchema]
     options: dict[str, Any]
-    # The JSON Schema the final answer must meet: the provider asks for it in its
-    # structured-output mode (``workers.providers.structured``).
-    output_schema: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,12 +99,22 @@ class ToolCallRequest:
 
 @dataclass(frozen=True)
 class ModelResponse:
+    """A model's answer and its usage. ``input_tokens`` is the whole prompt, the tokens read
+    from the provider's prompt cache (``cached_input_tokens``) and written to it
+    (``cache_write_tokens``) among them; ``output_tokens`` includes ``reasoning_tokens``.
+
+    ``thinking`` holds the provider's reasoning blocks verbatim (Anthropic's ``thinking`` and
+    ``redacted_thinking``, with their signatures): checkpointed with the answer and sent back
+    on the assistant turn, as the provider requires on a turn with tool calls."""
+
     content: str | None
     tool_calls: list[ToolCallRequest] = field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
-    # Why this final answer misses the task's output schema (it goes back to the model).
-    output_error: str | None = None
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    thinking: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         said: dict[str, Any] = {
@@ -117,8 +125,8 @@ class ModelResponse:
                 for c in self.tool_calls
             ],
         }
-        if self.output_error is not None:
-            said["output_error"] = self.output_error
+        if self.thinking:
+            said["thinking"] = self.thinking
         return said
 
     @classmethod
@@ -134,7 +142,7 @@ class ModelResponse:
                 )
                 for c in data.get("tool_calls", [])
             ],
-            output_error=data.get("output_error"),
+            thinking=list(data.get("thinking") or []),
         )
 
 

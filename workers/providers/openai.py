@@ -15,7 +15,6 @@ import openai
 
 from shared.errors import ModelPermanentError
 from shared.settings import get_settings
-from workers.providers import parts, structured
 from workers.providers.base import (
     Message,
     ModelRequest,
@@ -73,9 +72,7 @@ def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
                 }
             )
         else:
-            wire.append(
-                {"role": message["role"], "content": parts.to_openai(message.get("content"))}
-            )
+            wire.append({"role": message["role"], "content": message.get("content") or ""})
     return wire
 
 
@@ -124,8 +121,6 @@ class OpenAIProvider:
                 }
                 for t in request.tools
             ]
-        if request.output_schema is not None and "response_format" not in options:
-            options["response_format"] = structured.response_format(request.output_schema)
         body = {"model": request.model, "messages": to_openai_messages(request.messages)}
         try:
             # The SDK's own HTTP layer (auth, timeouts, error mapping), without the typed
@@ -161,4 +156,14 @@ def parse_completion(completion: Any) -> ModelResponse:
         tool_calls=calls,
         input_tokens=int(usage.get("prompt_tokens") or 0),
         output_tokens=int(usage.get("completion_tokens") or 0),
+        # Of the prompt, read from OpenAI's prompt cache; of the completion, spent reasoning.
+        cached_input_tokens=_detail(usage, "prompt_tokens_details", "cached_tokens"),
+        reasoning_tokens=_detail(usage, "completion_tokens_details", "reasoning_tokens"),
     )
+
+
+def _detail(usage: dict[str, Any], group: str, name: str) -> int:
+    """A count from one of the usage's details objects (absent, or null, on many servers)."""
+    details = usage.get(group)
+    value = details.get(name) if isinstance(details, dict) else None
+    return value if isinstance(value, int) and value > 0 else 0

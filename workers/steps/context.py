@@ -27,7 +27,6 @@ from shared.views import TaskState
 from workers import tool_runner
 from workers.providers import ModelResponse
 from workers.providers.base import Message
-from workers.steps import output
 
 
 def worker_id() -> str:
@@ -149,13 +148,14 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
         by_step[call.step_number].append(call)
     messages: list[Message] = []
     for step in steps:
-        messages.append(
-            {
-                "role": "assistant",
-                "content": step.response.get("content"),
-                "tool_calls": as_decided(step.response.get("tool_calls", []), by_step[step.number]),
-            }
-        )
+        said: Message = {
+            "role": "assistant",
+            "content": step.response.get("content"),
+            "tool_calls": as_decided(step.response.get("tool_calls", []), by_step[step.number]),
+        }
+        if step.response.get("thinking"):  # sent back as it came (Anthropic's signed blocks)
+            said["thinking"] = step.response["thinking"]
+        messages.append(said)
         for call in by_step[step.number]:
             content = tool_runner.message_content(
                 ok=call.status == CallStatus.SUCCEEDED, result=call.result, error=call.error
@@ -168,7 +168,6 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
                     "content": content,
                 }
             )
-        messages.extend(output.feedback(step.response))
     return messages
 
 
@@ -178,9 +177,10 @@ def read_back(ctx: Context, response: ModelResponse) -> list[Message]:
     from PostgreSQL may list its keys in another order.)"""
     answer = response.to_dict()
     calls = as_decided(answer["tool_calls"], ctx.calls.values())
-    messages: list[Message] = [
-        {"role": "assistant", "content": answer["content"], "tool_calls": calls}
-    ]
+    said: Message = {"role": "assistant", "content": answer["content"], "tool_calls": calls}
+    if answer.get("thinking"):
+        said["thinking"] = answer["thinking"]
+    messages: list[Message] = [said]
     for position, call in enumerate(response.tool_calls):
         call_id = ledger.call_id(ctx.lease.step, position)
         outcome = ctx.outcomes.get(call_id)
@@ -195,7 +195,7 @@ def read_back(ctx: Context, response: ModelResponse) -> list[Message]:
         messages.append(
             {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
         )
-    return messages + output.feedback(answer)
+    return messages
 
 
 def as_decided(requested: list[dict[str, Any]], rows: Iterable[ToolCall]) -> list[dict[str, Any]]:

@@ -14,8 +14,9 @@ from opentelemetry.trace import StatusCode
 
 from shared import failpoints
 from shared.errors import ModelError
+from shared.model_strings import parse_model
 from shared.observability import tracing
-from shared.pricing import cost_usd
+from shared.pricing import cost_usd, worst_case_cost
 from shared.settings import get_settings
 from shared.statuses import TaskStatus
 from shared.store import checkpoints
@@ -30,10 +31,9 @@ from shared.store.step_write import (
 )
 from shared.store.tables import utcnow
 from shared.views import TaskState
-from workers import cancels, heartbeat, model_calls
+from workers import cancels, heartbeat, model_calls, tokens
 from workers.providers import ModelRequest, ModelResponse, get_provider
-from workers.providers.base import ToolSchema
-from workers.steps import output
+from workers.providers.base import DEFAULT_MAX_TOKENS, ToolSchema
 from workers.steps.commits import TaskEnded, cancel, fail, fenced
 from workers.steps.context import Context
 from workers.steps.tools import start_with_response
@@ -75,8 +75,10 @@ def call_model(ctx: Context) -> Answer:
         messages=ctx.history,
         tools=[ToolSchema(t.name, t.description, t.parameters_schema) for t in ctx.tools.values()],
         options=ctx.task.model_options,
-        output_schema=ctx.task.output_schema,
     )
+    over_budget = budget_before_call(ctx.task, request)
+    if over_budget:
+        fail(ctx, "budget_exceeded", over_budget)
     started_at, started = utcnow(), time.monotonic()
     # This step's failed calls so far (earlier messages' too): the timeline shows them.
     failed = list((ctx.task.waiting or {}).get("model_attempts", []))
@@ -107,10 +109,12 @@ def call_model(ctx: Context) -> Answer:
             {
                 "gen_ai.usage.input_tokens": response.input_tokens,
                 "gen_ai.usage.output_tokens": response.output_tokens,
+                "gen_ai.usage.cache_read.input_tokens": response.cached_input_tokens,
+                "gen_ai.usage.cache_creation.input_tokens": response.cache_write_tokens,
+                "gen_ai.usage.reasoning.output_tokens": response.reasoning_tokens,
             }
         )
-    checked = output.review(ctx.task, storable(response))
-    return Answer(checked, int((time.monotonic() - started) * 1000), started_at)
+    return Answer(storable(response), int((time.monotonic() - started) * 1000), started_at)
 
 
 def storable(response: ModelResponse) -> ModelResponse:
@@ -133,6 +137,7 @@ def storable(response: ModelResponse) -> ModelResponse:
             )
             for call in response.tool_calls
         ],
+        thinking=_storable_value(response.thinking),
     )
 
 
@@ -173,21 +178,26 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     """Checkpoint the model's answer in one write; a final answer (no tool calls) or a blown
     budget also ends the task there. Returns whether the task ended."""
     response, lease, task = answer.response, ctx.lease, ctx.task
+    details = usage_details(response)
+    # An unpriced model's call is recorded at $0 and read back as unknown (``views.usage_of``).
     cost = cost_usd(
-        task.model, input_tokens=response.input_tokens, output_tokens=response.output_tokens
+        task.model,
+        input_tokens=response.input_tokens,
+        output_tokens=response.output_tokens,
+        cached_input_tokens=response.cached_input_tokens,
+        cache_write_tokens=response.cache_write_tokens,
     )
+    cost = cost or 0.0
     change = add_usage(
-        input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost
+        input_tokens=response.input_tokens,
+        output_tokens=response.output_tokens,
+        cost_usd=cost,
+        **details,
     ).then(log_events(("step.model_response", _response_event(lease.step, response, cost))))
     over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
-    # An answer that misses the output schema is a step of its own (the model tries again),
-    # unless it was the last try.
-    invalid = None if over_budget else output.failure(response, ctx.history)
-    final = not response.tool_calls and not over_budget and response.output_error is None
-    if over_budget or final or invalid:
-        change = change.then(
-            _ending(lease.step, task, response, over_budget=over_budget, invalid=invalid)
-        )
+    final = not response.tool_calls and not over_budget
+    if over_budget or final:
+        change = change.then(_ending(lease.step, response, over_budget=over_budget))
     call = checkpoints.ModelCall(
         response=response.to_dict(),
         input_tokens=response.input_tokens,
@@ -195,6 +205,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         cost_usd=cost,
         latency_ms=answer.latency_ms,
         started_at=answer.started_at,
+        **details,
     )
     first = None if final or over_budget else start_with_response(ctx, response.tool_calls)
     with fenced(ctx) as writes:
@@ -202,7 +213,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         writes.add(checkpoints.save_model_response(lease, call, final=final))
         if first is not None:
             writes.add(first)
-    return final or bool(over_budget) or bool(invalid)
+    return final or bool(over_budget)
 
 
 def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str, Any]:
@@ -213,30 +224,60 @@ def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str
         input_tokens=response.input_tokens,
         output_tokens=response.output_tokens,
         cost_usd=cost,
+        **usage_details(response),
     )
 
 
-def _ending(
-    step: int,
-    task: TaskState,
-    response: ModelResponse,
-    *,
-    over_budget: str | None,
-    invalid: str | None,
-) -> TaskWrite:
-    """What ends the task with this answer: failed over its budget, or with an answer that
-    missed its output schema on the last try; or the step completed and the task succeeded
-    with the answer as its output (its text, or the JSON value it parsed as)."""
+def usage_details(response: ModelResponse) -> dict[str, int]:
+    """The counts within the answer's tokens, as the step and the task record them."""
+    return {
+        "cached_input_tokens": response.cached_input_tokens,
+        "cache_write_tokens": response.cache_write_tokens,
+        "reasoning_tokens": response.reasoning_tokens,
+    }
+
+
+def _ending(step: int, response: ModelResponse, *, over_budget: str | None) -> TaskWrite:
+    """What ends the task with this answer: failed over its budget, or the step completed and
+    the task succeeded with the answer as its output."""
     if over_budget:
         return finish_task(
             TaskStatus.FAILED, error={"type": "budget_exceeded", "message": over_budget}
         )
-    if invalid:
-        return finish_task(TaskStatus.FAILED, error={"type": "invalid_output", "message": invalid})
-    result = {"output": output.result_output(task, response.content)}
+    output = {"output": response.content or ""}
     return log_events(("step.completed", {"step": step})).then(
-        finish_task(TaskStatus.SUCCEEDED, result=result, steps=step)
+        finish_task(TaskStatus.SUCCEEDED, result=output, steps=step)
     )
+
+
+def budget_before_call(task: TaskState, request: ModelRequest) -> str | None:
+    """Why the task may not make this call: the worst it could use (its prompt, counted as the
+    rate limiter counts it, and all the answer may take: ``max_tokens``, else
+    ``DEFAULT_MAX_TOKENS``) would take it past its budget. So a task stops before the call
+    that could cross its budget, never a whole call past it. The scripted model is left to
+    the check after the call: its usage is whatever its script says."""
+    budget = task.budget or {}
+    max_tokens, max_cost = budget.get("max_tokens"), budget.get("max_cost_usd")
+    if (max_tokens is None and max_cost is None) or parse_model(task.model)[0] == "scripted":
+        return None
+    options = request.options
+    output = int(options.get("max_tokens") or options.get("max_completion_tokens") or 0)
+    output = output or DEFAULT_MAX_TOKENS
+    prompt = tokens.request_tokens(replace(request, options={}), task.model, default_output=0)
+    total_tokens = task.input_tokens + task.output_tokens + prompt + output
+    if max_tokens is not None and total_tokens > max_tokens:
+        return (
+            f"the next model call could take the task to {total_tokens} tokens (a prompt of "
+            f"about {prompt} and up to {output} for the answer), over its budget of {max_tokens}"
+        )
+    cost = worst_case_cost(task.model, prompt_tokens=prompt, output_tokens=output)
+    total_cost = round(task.cost_usd + (cost or 0.0), 9)
+    if max_cost is not None and total_cost > max_cost:
+        return (
+            f"the next model call could take the task to ${total_cost:.4f} (a prompt of about "
+            f"{prompt} tokens and up to {output} for the answer), over its budget of ${max_cost}"
+        )
+    return None
 
 
 def budget_exceeded(task: TaskState, tokens: int, cost: float) -> str | None:
