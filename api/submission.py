@@ -17,6 +17,7 @@ from api.schemas.tasks import MAX_DELAY_SECONDS, TaskCreate
 from shared.actions import tasks as task_actions
 from shared.actions.tasks import Submitted
 from shared.agents.registry import Agent, get_agent, get_registry
+from shared.context_window import ContextPolicy, Policy, context_window
 from shared.errors import EgressDenied, InvalidRequest, NotFound
 from shared.mcp.names import covers, is_mcp_name
 from shared.mcp.tools import problem as mcp_problem
@@ -145,7 +146,37 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         approval=approval,
         priority=body.priority,
         run_at_ms=_run_at_ms(body),
+        output_schema=output_schema,
+        context=context_policy(body, agent.context, model=model, settings=settings),
     )
+
+
+def context_policy(
+    body: TaskCreate, agent_context: dict[str, Any] | None, *, model: str, settings: Settings
+) -> dict[str, Any]:
+    """The task's context policy as stored: each field of its own ``context``, else of its
+    agent's, else the server's policy; a summaries' model some worker can call, and room for
+    the answer that leaves some of the window for the prompt."""
+    given = body.context.model_dump(exclude_none=True) if body.context is not None else {}
+    spec = {**(agent_context or {}), **given}
+    try:
+        policy = Policy(spec.get("policy") or settings.context_policy)
+    except ValueError as exc:
+        raise InvalidRequest("context.policy", "must be truncate, summarize or off") from exc
+    summaries_model = spec.get("model")
+    if summaries_model is not None:
+        try:
+            check_available(parse_model(summaries_model)[0], settings)
+        except InvalidRequest as exc:
+            raise InvalidRequest("context.model", exc.reason) from exc
+    reserve = spec.get("reserve_tokens")
+    window = context_window(model, settings)
+    if reserve is not None and reserve >= window:
+        raise InvalidRequest(
+            "context.reserve_tokens",
+            f"must be less than the context window of {model} ({window} tokens)",
+        )
+    return ContextPolicy(policy, summaries_model, reserve).as_json()
 
 
 def _choose_model(body: TaskCreate, agent_model: str | None, *, settings: Settings) -> str:

@@ -198,6 +198,21 @@ class Settings(BaseSettings):
     mcp_servers: str = ""
     mcp_servers_file: Path | None = None
     mcp_tools_ttl_seconds: float = Field(300.0, gt=0, le=86_400)
+    # Tool results: the most characters of one that the model reads (the rest is cut out of
+    # the prompt with a marker saying how much; the ledger keeps it whole). A tool's own
+    # max_result_chars wins over it.
+    tool_result_max_chars: int = Field(50_000, ge=200, le=100_000_000)
+
+    # The context window (shared/context_window.py): each model's window in tokens, as JSON
+    # ({"openai:my-model": 32768}) over the table of known models; the window of a model in
+    # neither; the policy that keeps a task's prompt inside it when neither the task nor its
+    # agent names one; the room kept for the answer when the task sets no max_tokens (at most
+    # a quarter of the window); and the most a summary of the summarize policy may write.
+    model_context_windows: dict[str, int] = {}
+    default_context_window: int = Field(32_768, ge=1024, le=100_000_000)
+    context_policy: Literal["truncate", "summarize", "off"] = "truncate"
+    context_reserve_tokens: int = Field(4096, ge=16, le=1_000_000)
+    summary_max_tokens: int = Field(1024, ge=64, le=100_000)
 
     # The API server under hostile clients (api/server.py) and its waiting requests
     # (api/stream_limits.py). A request head (request line and headers) over these sizes is
@@ -316,6 +331,20 @@ class Settings(BaseSettings):
             parse_model(value)
         except InvalidRequest as exc:
             raise ValueError(exc.reason) from None
+        return value
+
+    @field_validator("model_context_windows")
+    @classmethod
+    def _context_windows(cls, value: dict[str, int]) -> dict[str, int]:
+        from shared.model_strings import parse_model  # imported late: it reads these settings
+
+        for model, tokens in value.items():
+            try:
+                parse_model(model)
+            except InvalidRequest as exc:
+                raise ValueError(f"{model!r}: {exc.reason}") from None
+            if tokens < 1024:
+                raise ValueError(f"{model!r}: a window of at least 1024 tokens, not {tokens}")
         return value
 
     @field_validator("rate_limits")

@@ -107,7 +107,7 @@ register_agent(
 
 
 # A reader whose conversation outgrows a small context window: each page is a long result.
-PAGE_WORDS = 300
+PAGE_WORDS = 60
 
 
 @tool(idempotent=True)

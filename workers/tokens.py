@@ -102,6 +102,13 @@ def bundled() -> tiktoken.Encoding:
     return tiktoken.get_encoding(BUNDLED)
 
 
+def text_counter(model: str) -> Callable[[str], int]:
+    """How ``model`` counts a text's tokens: its encoding (OpenAI models), else the estimate.
+    Counts are remembered by the text's hash, so a conversation counted at every step costs
+    little more than its newest messages."""
+    return _counter(model)
+
+
 def _counter(model: str) -> Callable[[str], int]:
     encoding = encoding_for(model)
     if encoding is None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from shared.agents.registry import Tool, ToolContext
+from shared.agents.registry import Tool, ToolContext, get_registry
 from shared.errors import RatchetError, ToolOutcomeUnknown
 from shared.settings import get_settings
 from workers import cancels
@@ -101,8 +101,36 @@ def _text_of(exc: BaseException) -> str:
         return "a message that cannot be shown"
 
 
-def message_content(*, ok: bool, result: Any, error: str | None) -> str:
-    """What the model reads back for a call."""
+def message_content(
+    *, ok: bool, result: Any, error: str | None, max_chars: int | None = None
+) -> str:
+    """What the model reads back for a call: at most ``max_chars`` of it (the ledger keeps
+    the whole result; the model reads where it was cut, and how much was left out)."""
     if not ok:
-        return f"error: {error}"
-    return result if isinstance(result, str) else json.dumps(result)
+        text = f"error: {error}"
+    else:
+        text = result if isinstance(result, str) else json.dumps(result)
+    return text if max_chars is None else cut_text(text, max_chars)
+
+
+def result_limit(tool_name: str) -> int:
+    """The most characters of a ``tool_name`` call's result the model reads: the tool's own
+    ``max_result_chars``, else ``RATCHET_TOOL_RESULT_MAX_CHARS``."""
+    tool = get_registry().tools.get(tool_name)
+    own = tool.max_result_chars if tool is not None else None
+    return own or get_settings().tool_result_max_chars
+
+
+def cut_text(text: str, max_chars: int) -> str:
+    """``text`` if it has at most ``max_chars`` characters, else its start and its end (three
+    quarters and a quarter of them) around a line that says how much was cut out there."""
+    if len(text) <= max_chars:
+        return text
+    head = max_chars * 3 // 4
+    tail = max_chars - head
+    cut = len(text) - head - tail
+    note = (
+        f"\n[... {cut:,} of {len(text):,} characters cut out here to fit the prompt; "
+        "the whole result is kept in the task's step timeline ...]\n"
+    )
+    return text[:head] + note + (text[-tail:] if tail else "")

@@ -22,6 +22,8 @@ from api.schemas.tasks import (
     FailedModelCall,
     StepList,
     StepOut,
+    StepUsage,
+    SummaryOut,
     TaskCreate,
     TaskList,
     ToolCallOut,
@@ -32,12 +34,14 @@ from shared.actions.effects import after_commit
 from shared.actions.tasks import Submitted
 from shared.errors import InvalidRequest
 from shared.observability import metrics
+from shared.pricing import is_priced
 from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store import checkpoints, ledger, tasks
 from shared.store.db import get_sessionmaker
-from shared.store.tables import Step, Task, ToolCall
+from shared.store.summaries import list_summaries
+from shared.store.tables import Step, Summary, Task, ToolCall
 from shared.store.tenants import APPROVE, Principal
-from shared.views import TaskView, aware, task_view, usage_of
+from shared.views import TaskView, Usage, aware, task_view, usage_of
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 MAX_WAIT_SECONDS = 60
@@ -285,6 +289,7 @@ def list_steps(
             _step_out(s, [c for c in calls if c.step_number == s.number], model=task.model)
             for s in steps
         ]
+        summaries = [_summary_out(row) for row in list_summaries(session, task_id)]
     next_cursor = params.encode_cursor(str(steps[-1].number)) if more else None
     failed = (task.waiting or {}).get("model_attempts") or (task.error or {}).get("attempts")
     return StepList(
@@ -292,6 +297,22 @@ def list_steps(
         next_cursor=next_cursor,
         waiting=task.waiting,
         failed_model_calls=[FailedModelCall.model_validate(call) for call in failed or []],
+        summaries=summaries,
+    )
+
+
+def _summary_out(row: Summary) -> SummaryOut:
+    return SummaryOut(
+        number=row.number,
+        through_step=row.through_step,
+        content=row.content,
+        model=row.model,
+        usage=Usage(
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            cost_usd=round(row.cost_usd, 8) if row.cost_usd or is_priced(row.model) else None,
+        ),
+        created_at=aware(row.created_at),
     )
 
 
@@ -300,7 +321,9 @@ def _step_out(step: Step, calls: list[ToolCall], *, model: str) -> StepOut:
         number=step.number,
         status=checkpoints.status(step),
         model=step.response,
-        usage=usage_of(step, model=model),
+        usage=StepUsage(
+            **usage_of(step, model=model).model_dump(), prompt_tokens=step.prompt_tokens
+        ),
         model_latency_ms=step.model_latency_ms,
         started_at=aware(step.started_at),
         model_completed_at=aware(step.model_completed_at),

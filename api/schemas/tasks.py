@@ -79,6 +79,35 @@ class WebhookSpec(BaseModel):
     )
 
 
+class ContextSpec(BaseModel):
+    """How the task's prompt is kept inside its model's context window, with room for the
+    answer (each field defaults to the agent's, then to the server's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: Literal["truncate", "summarize", "off"] | None = Field(
+        None,
+        description="`truncate`: keep the system prompt, the first user message and the most "
+        "recent turns (a tool call and its result stay or go together); `summarize`: replace "
+        "older turns with a summary written by a model call, committed once and shown in the "
+        "step timeline; `off`: fail with `context_length_exceeded` instead of sending a prompt "
+        "over the window. Default: the agent's, else RATCHET_CONTEXT_POLICY",
+    )
+    model: ShortText | None = Field(
+        None,
+        description="`summarize`: the model that writes the summaries (e.g. a cheaper one); "
+        "default: the task's",
+    )
+    reserve_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="tokens kept free for the answer, less than the model's window; default: "
+        "`model_options.max_tokens`, else RATCHET_CONTEXT_RESERVE_TOKENS (at most a quarter of "
+        "the window)",
+    )
+
+
 MAX_DELAY_SECONDS = 366 * 86_400
 
 
@@ -128,6 +157,7 @@ class TaskCreate(BaseModel):
         None, ge=1, description="at most this many steps (default: the agent's)"
     )
     budget: Budget | None = None
+    context: ContextSpec | None = None
     webhook: WebhookSpec | None = None
     approval: ApprovalSpec | None = None
     priority: int = Field(
@@ -192,11 +222,34 @@ class CallApproval(BaseModel):
     original_arguments: dict[str, Any] | None = Field(description="the model's, if edited")
 
 
+class StepUsage(Usage):
+    """A step's usage, with the size of the prompt it sent."""
+
+    prompt_tokens: int = Field(
+        0,
+        description="the prompt this step's model call sent, in tokens (the provider's count, "
+        "else Ratchet's own before the call): what the task's context policy kept of the "
+        "conversation",
+    )
+
+
+class SummaryOut(BaseModel):
+    """A summary the task's `summarize` context policy committed: in every later prompt it
+    stands for the conversation through `through_step`; each builds on the one before."""
+
+    number: int
+    through_step: int
+    content: str
+    model: str = Field(description="the model that wrote it")
+    usage: Usage = Field(description="its model call's, counted in the task's usage and budget")
+    created_at: datetime
+
+
 class StepOut(BaseModel):
     number: int
     status: str
     model: dict[str, Any]
-    usage: Usage
+    usage: StepUsage
     model_latency_ms: int
     started_at: datetime
     model_completed_at: datetime
@@ -220,6 +273,11 @@ class StepList(BaseModel):
         default_factory=list,
         description="the next step's model calls that failed (when, how long, the error): "
         "the step has no entry in `items` until its model answers",
+    )
+    summaries: list[SummaryOut] = Field(
+        default_factory=list,
+        description="the summaries of earlier turns that the task's `summarize` context policy "
+        "committed, oldest first (on every page)",
     )
 
 

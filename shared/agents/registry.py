@@ -50,6 +50,8 @@ class Tool:
     wants_context: bool = False
     approval_timeout: float | None = None  # seconds a decision may take (default: the setting)
     on_approval_timeout: ApprovalTimeoutPolicy | None = None
+    # The most characters of a result the model reads (default: the setting).
+    max_result_chars: int | None = None
 
     def needs_approval(self, arguments: dict[str, Any]) -> bool:
         """Whether a person must approve this call first: always, never, or as the tool's
@@ -100,6 +102,9 @@ class Agent:
     tools: tuple[str, ...] = ()
     max_steps: int | None = None
     description: str = ""
+    # Its tasks' context policy, as a submission's ``context`` ({"policy": "summarize",
+    # "model": …, "reserve_tokens": …}); a task's own wins, and the server's is the default.
+    context: dict[str, Any] | None = None
     # The JSON Schema its final answers must meet (a task's own output_schema wins).
     output_schema: dict[str, Any] | None = None
 
@@ -148,6 +153,7 @@ def tool(
     on_unknown_outcome: UnknownOutcomePolicy | None = None,
     approval_timeout: float | None = None,
     on_approval_timeout: ApprovalTimeoutPolicy | None = None,
+    max_result_chars: int | None = None,
 ) -> Callable[[F], F]: ...
 def tool(
     func: F | None = None,
@@ -159,6 +165,7 @@ def tool(
     on_unknown_outcome: UnknownOutcomePolicy | None = None,
     approval_timeout: float | None = None,
     on_approval_timeout: ApprovalTimeoutPolicy | None = None,
+    max_result_chars: int | None = None,
 ) -> F | Callable[[F], F]:
     """Register a type-hinted function as a tool. Its docstring is what the model reads.
 
@@ -172,6 +179,9 @@ def tool(
     call wait for a person's decision; ``approval_timeout`` seconds later
     ``on_approval_timeout`` applies (``reject``, ``approve`` or ``fail`` the task; default:
     the settings ``RATCHET_APPROVAL_TIMEOUT_SECONDS`` and ``RATCHET_APPROVAL_ON_TIMEOUT``).
+
+    ``max_result_chars`` bounds what the model reads of a result (the ledger keeps it whole;
+    default: ``RATCHET_TOOL_RESULT_MAX_CHARS``).
     """
 
     def register(fn: F) -> F:
@@ -189,6 +199,7 @@ def tool(
             wants_context=wants_context,
             approval_timeout=approval_timeout,
             on_approval_timeout=on_approval_timeout,
+            max_result_chars=max_result_chars,
         )
         return fn
 

@@ -43,6 +43,8 @@ class ModelCall:
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
+    # The prompt as sent, in tokens: the provider's count, else Ratchet's own before the call.
+    prompt_tokens: int = 0
 
 
 def load_steps(
@@ -86,6 +88,7 @@ def save_model_response(lease: Lease, call: ModelCall, *, final: bool = False) -
             "cached_input_tokens": call.cached_input_tokens,
             "cache_write_tokens": call.cache_write_tokens,
             "reasoning_tokens": call.reasoning_tokens,
+            "prompt_tokens": call.prompt_tokens,
             "cost_usd": call.cost_usd,
             "model_latency_ms": call.latency_ms,
             "lease_epoch": lease.epoch,

@@ -64,6 +64,7 @@ class NewTask:
     run_at_ms: int | None = None  # not before then (epoch ms); None: at once
     schedule_id: str | None = None
     output_schema: dict[str, Any] | None = None  # the JSON Schema the final answer must meet
+    context: dict[str, Any] | None = None  # the context-window policy (shared.context_window)
 
 
 def create_task(
@@ -98,6 +99,7 @@ def create_task(
         run_at=_at(spec.run_at_ms),
         schedule_id=spec.schedule_id,
         output_schema=spec.output_schema,
+        context=spec.context,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import httpx
 
@@ -87,6 +87,12 @@ class ModelRequest:
     messages: list[Message]
     tools: list[ToolSchema]
     options: dict[str, Any]
+    # The JSON Schema the final answer must meet: the provider asks for it in its
+    # structured-output mode (``workers.providers.structured``).
+    output_schema: dict[str, Any] | None = None
+    # What the call is for: a step's answer, or a summary of the conversation so far (the
+    # ``summarize`` context policy), which the scripted model writes from the messages.
+    purpose: Literal["step", "summary"] = "step"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ class ScriptedProvider:
         if not settings.scripted_model:
             # Submission refuses it; a task accepted while it was on fails here, cleanly.
             raise ModelPermanentError("the scripted model is off (RATCHET_SCRIPTED_MODEL)")
+        if request.purpose == "summary":
+            return _summary(request)
         turns = Script.model_validate(request.options).script
         if request.step > len(turns):
             return self._past_the_end(request)
@@ -73,6 +75,21 @@ class ScriptedProvider:
             input_tokens=_prompt_tokens(request),
             output_tokens=estimate_tokens(content),
         )
+
+
+def _summary(request: ModelRequest) -> ModelResponse:
+    """A summary as the scripted model writes one: the start of what it was given (the same
+    prompt, the same summary)."""
+    text = str(request.messages[-1].get("content") or "") if request.messages else ""
+    content = "Scripted summary: " + " ".join(text.split())[:SUMMARY_CHARS]
+    return ModelResponse(
+        content=content,
+        input_tokens=_prompt_tokens(request),
+        output_tokens=estimate_tokens(content),
+    )
+
+
+SUMMARY_CHARS = 400
 
 
 def _prompt_tokens(request: ModelRequest) -> int:

@@ -16,17 +16,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shared.agents.registry import Agent, Tool, get_agent, get_registry
+from shared.context_window import Policy, policy_of
 from shared.mcp import tools as mcp_tools
 from shared.mcp.names import is_mcp_name
-from shared.store import checkpoints, ledger
+from shared.settings import get_settings
+from shared.store import checkpoints, ledger, summaries
 from shared.store.backends import write_session
 from shared.store.leases import Lease
 from shared.store.ledger import CallStatus
-from shared.store.tables import Step, Tenant, ToolCall
+from shared.store.tables import Step, Summary, Tenant, ToolCall
 from shared.views import TaskState
 from workers import tool_runner
 from workers.providers import ModelResponse
 from workers.providers.base import Message
+from workers.steps import output, window
 
 
 def worker_id() -> str:
@@ -72,14 +75,18 @@ def load_context(session: Session, lease: Lease) -> Context:
     fresh = lease.fresh  # never ran: a retried task (attempt 1 again) has rows to resume
     steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
     agent = get_agent(task.agent)
-    done = [s for s in steps if s.number < lease.step]
+    summary = None if fresh else latest_summary(session, task)
+    after = summary.through_step if summary is not None else 0
+    done = [s for s in steps if after < s.number < lease.step]
     current = next((s for s in steps if s.number == lease.step), None)
     return Context(
         lease=lease,
         task=task,
         agent=agent,
         tools=task_tools(task),
-        history=open_conversation(task, agent) + step_messages(done, calls),
+        history=open_conversation(task, agent)
+        + summary_messages(summary)
+        + step_messages(done, calls),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
         tenant_name=tenant_name(task.tenant_id, session),
@@ -141,6 +148,24 @@ def open_conversation(task: TaskState, agent: Agent) -> list[Message]:
     return messages
 
 
+def latest_summary(session: Session, task: TaskState) -> Summary | None:
+    """The summary that stands for the task's earlier steps (read only under ``summarize``)."""
+    if policy_of(task.context, get_settings()).policy is not Policy.SUMMARIZE:
+        return None
+    return summaries.latest_summary(session, task.id)
+
+
+def summary_messages(summary: Summary | None) -> list[Message]:
+    """The message that stands for the steps ``summary`` covers (none without one)."""
+    if summary is None:
+        return []
+    return [
+        window.summary_message(
+            number=summary.number, through_step=summary.through_step, content=summary.content
+        )
+    ]
+
+
 def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Message]:
     """Each step's response and its tool calls' outcomes, as the model reads them back."""
     by_step: dict[int, list[ToolCall]] = defaultdict(list)
@@ -148,17 +173,19 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
         by_step[call.step_number].append(call)
     messages: list[Message] = []
     for step in steps:
-        said: Message = {
-            "role": "assistant",
-            "content": step.response.get("content"),
-            "tool_calls": as_decided(step.response.get("tool_calls", []), by_step[step.number]),
-        }
-        if step.response.get("thinking"):  # sent back as it came (Anthropic's signed blocks)
-            said["thinking"] = step.response["thinking"]
-        messages.append(said)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": step.response.get("content"),
+                "tool_calls": as_decided(step.response.get("tool_calls", []), by_step[step.number]),
+            }
+        )
         for call in by_step[step.number]:
             content = tool_runner.message_content(
-                ok=call.status == CallStatus.SUCCEEDED, result=call.result, error=call.error
+                ok=call.status == CallStatus.SUCCEEDED,
+                result=call.result,
+                error=call.error,
+                max_chars=tool_runner.result_limit(call.tool),
             )
             messages.append(
                 {
@@ -190,12 +217,15 @@ def read_back(ctx: Context, response: ModelResponse) -> list[Message]:
                 ok=row.status == CallStatus.SUCCEEDED, result=row.result, error=row.error
             )
         content = tool_runner.message_content(
-            ok=outcome.ok, result=outcome.result, error=outcome.error
+            ok=outcome.ok,
+            result=outcome.result,
+            error=outcome.error,
+            max_chars=tool_runner.result_limit(call.name),
         )
         messages.append(
             {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
         )
-    return messages
+    return messages + output.feedback(answer)
 
 
 def as_decided(requested: list[dict[str, Any]], rows: Iterable[ToolCall]) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import DEFAULT_MAX_TOKENS, ToolSchema
 from workers.steps.commits import TaskEnded, cancel, fail, fenced
 from workers.steps.context import Context
+from workers.steps.prompt import ContextExceeded, Prompt, prompt_for
 from workers.steps.tools import start_with_response
 from workers.tool_runner import storable_text
 
@@ -63,17 +64,21 @@ class Answer:
     response: ModelResponse
     latency_ms: int
     started_at: datetime
+    prompt_tokens: int = 0  # the prompt as sent: the provider's count, else Ratchet's
 
 
 def call_model(ctx: Context) -> Answer:
-    """Ask the model for this step (rate limits, retries and 429 feedback included)."""
+    """Ask the model for this step (rate limits, retries and 429 feedback included), with
+    the conversation kept inside the model's window by the task's context policy."""
     provider, model_name = get_provider(ctx.task.model)
+    tools = [ToolSchema(t.name, t.description, t.parameters_schema) for t in ctx.tools.values()]
+    sent = fitted_prompt(ctx, tools)
     request = ModelRequest(
         task_id=ctx.task.id,
         step=ctx.lease.step,
         model=model_name,
-        messages=ctx.history,
-        tools=[ToolSchema(t.name, t.description, t.parameters_schema) for t in ctx.tools.values()],
+        messages=sent.messages,
+        tools=tools,
         options=ctx.task.model_options,
     )
     over_budget = budget_before_call(ctx.task, request)
@@ -205,6 +210,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         cost_usd=cost,
         latency_ms=answer.latency_ms,
         started_at=answer.started_at,
+        prompt_tokens=answer.prompt_tokens,
         **details,
     )
     first = None if final or over_budget else start_with_response(ctx, response.tool_calls)

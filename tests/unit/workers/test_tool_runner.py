@@ -112,3 +112,28 @@ def test_an_error_message_is_storable_text(exc: Exception, expected: str) -> Non
     outcome = tool_runner.execute(_raising(exc), {"expression": "1"}, CONTEXT)
     assert not outcome.ok
     assert outcome.error == expected
+
+
+def test_a_long_result_is_cut_with_its_start_and_end_around_a_note() -> None:
+    text = "a" * 3_000 + "b" * 7_000
+    cut = tool_runner.cut_text(text, 1_000)
+    assert cut.startswith("a" * 750)
+    assert cut.endswith("b" * 250)
+    assert "9,000 of 10,000 characters cut out here" in cut
+    assert tool_runner.cut_text("short", 1_000) == "short"
+    content = tool_runner.message_content(
+        ok=True, result={"k": "v" * 5_000}, error=None, max_chars=500
+    )
+    assert len(content) < 700
+    assert tool_runner.message_content(
+        ok=False, result=None, error="e" * 900, max_chars=200
+    ).startswith("error: eee")
+
+
+def test_a_tools_own_limit_wins_over_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    load()
+    limited = replace(get_tool("calculator"), max_result_chars=1_234)
+    monkeypatch.setitem(tool_runner.get_registry().tools, "calculator", limited)
+    assert tool_runner.result_limit("calculator") == 1_234
+    assert tool_runner.result_limit("current_time") == 50_000  # RATCHET_TOOL_RESULT_MAX_CHARS
+    assert tool_runner.result_limit("a server's tool") == 50_000
