@@ -254,7 +254,7 @@ def get_tool(name: str, *, agent: str = "default") -> Tool:
     that tasks of ``agent`` may use."""
     found = get_registry().tools.get(name)
     if found is None and "." in name:
-        from shared.mcp.tools import resolve
+        from shared.mcp.catalog import resolve
 
         found = resolve([name], agent=agent).get(name)
     if found is None:

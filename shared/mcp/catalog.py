@@ -21,9 +21,10 @@ from pydantic import BaseModel
 
 from shared.agents.registry import Tool, ToolContext
 from shared.errors import ToolArgumentsInvalid, ToolError
-from shared.mcp import sessions
+from shared.mcp import connections
 from shared.mcp.config import ServerConfig, current
 from shared.mcp.names import WILDCARD, split
+from shared.mcp.results import tool_result
 
 # The API waits at most this long for a server's list (a submission then takes the tool's name
 # on trust): a server that is slow to start must not hold the API's answer.
@@ -66,7 +67,7 @@ class McpTool(Tool):
     def invoke(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         if self.unavailable is not None or self.config is None:
             raise ToolError(self.unavailable or f"MCP server {self.server!r} is not declared")
-        result = sessions.call_tool(
+        result = connections.call_tool(
             self.server,
             self.remote_name,
             self.validate_arguments(arguments),
@@ -147,7 +148,7 @@ def _listed(
     from shared.settings import get_settings
 
     ttl = get_settings().mcp_tools_ttl_seconds
-    listing = sessions.list_tools(server, config=config, max_age=ttl, timeout=timeout)
+    listing = connections.list_tools(server, config=config, max_age=ttl, timeout=timeout)
     return _as_tools(server, config, listing)
 
 
@@ -208,43 +209,3 @@ def _unavailable(name: str, server: str, tool: str, why: str) -> McpTool:
         schema={"type": "object"},
         unavailable=f"MCP server {server!r}: {why}",
     )
-
-
-def tool_result(result: types.CallToolResult) -> Any:
-    """The tool's result as Ratchet keeps it: its ``structuredContent`` if it gave one, else its
-    text (the text blocks joined), else a list of entries, images and audio as
-    ``{"type": "image", "mime_type": …, "data": <base64>}``. A result the server marks
-    ``isError`` is a ToolError carrying its text: the model reads it."""
-    if result.is_error:
-        text = "\n".join(_texts(result.content)) or "the tool reported an error"
-        raise ToolError(text)
-    if result.structured_content is not None:
-        return result.structured_content
-    entries = [_entry(block) for block in result.content]
-    if all(entry.get("type") == "text" for entry in entries):
-        return "\n".join(str(entry["text"]) for entry in entries)
-    return entries
-
-
-def _texts(content: Iterable[types.ContentBlock]) -> list[str]:
-    return [block.text for block in content if isinstance(block, types.TextContent)]
-
-
-def _entry(block: types.ContentBlock) -> dict[str, Any]:
-    if isinstance(block, types.TextContent):
-        return {"type": "text", "text": block.text}
-    if isinstance(block, types.ImageContent | types.AudioContent):
-        return {"type": block.type, "mime_type": block.mime_type, "data": block.data}
-    if isinstance(block, types.ResourceLink):
-        return {"type": "resource_link", "uri": str(block.uri), "name": block.name}
-    if isinstance(block, types.EmbeddedResource):
-        inner = block.resource
-        entry: dict[str, Any] = {"type": "resource", "uri": str(inner.uri)}
-        if inner.mime_type:
-            entry["mime_type"] = inner.mime_type
-        if isinstance(inner, types.TextResourceContents):
-            entry["text"] = inner.text
-        else:
-            entry["data"] = inner.blob
-        return entry
-    return {"type": getattr(block, "type", "unknown")}

@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 from benchmarks.harness.processes import free_port
 from shared.agents.registry import Agent, get_registry, register_agent
 from shared.errors import ToolError
-from shared.mcp import sessions
+from shared.mcp import connections
+from shared.mcp.catalog import McpTool, resolve
 from shared.mcp.config import current
-from shared.mcp.tools import McpTool, resolve
 from shared.settings import get_settings
 from tests.conftest import TenantHandle
 from tests.fakes.mcp_servers.http_server import HttpServer
@@ -72,7 +72,7 @@ def servers(
         return Record(records)
 
     yield declare
-    sessions.close_all()
+    connections.close_all()
     monkeypatch.delenv("RATCHET_MCP_SERVERS")
     get_settings.cache_clear()
 
@@ -127,7 +127,7 @@ def test_a_task_uses_a_stdio_and_an_http_server_in_one_conversation(
     }
     assert calls[0]["idempotency_key"] == f"{task_id}:{calls[0]['call_id']}"
     # The API and the steps ran in this process: the stdio server started once for all.
-    assert sessions.starts("files") == 1
+    assert connections.starts("files") == 1
     assert len(files.starts()) == 1
 
 
@@ -207,7 +207,7 @@ def test_a_crashed_stdio_server_is_restarted_for_the_next_call(
     assert "outcome is unknown" in crash["error"]
     assert [c["tool"] for c in files.calls()] == ["echo", "crash", "echo"]
     assert after["result"] == "after"
-    assert sessions.starts("files") == 2
+    assert connections.starts("files") == 2
     first, second = files.starts()
     assert first != second
 
@@ -321,7 +321,7 @@ def test_the_egress_policy_decides_for_http_servers(
     monkeypatch.setenv("RATCHET_HTTP_ALLOWED_HOSTS", "example.com")
     get_settings.cache_clear()
     with pytest.raises(ToolError, match=r"resolves to a non-public address \(127\.0\.0\.1\)"):
-        sessions.list_tools("web", config=current()["web"], max_age=0)
+        connections.list_tools("web", config=current()["web"], max_age=0)
     # A call is refused the same way, before anything is sent.
     tool = resolve(["web.echo"], agent="default")["web.echo"]
     with pytest.raises(ToolError, match="non-public"):

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from shared.agents.registry import Agent, Tool, get_agent, get_registry
 from shared.context_window import Policy, policy_of
-from shared.mcp import tools as mcp_tools
+from shared.mcp import catalog as mcp_tools
 from shared.mcp.names import is_mcp_name
 from shared.settings import get_settings
 from shared.store import checkpoints, ledger, summaries
@@ -114,7 +114,7 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
 
 def task_tools(task: TaskState) -> dict[str, Tool]:
     """The task's tools by name: Python tools, and its MCP servers' tools as this process last
-    listed them (``<server>.*`` expanded; see shared.mcp.tools)."""
+    listed them (``<server>.*`` expanded; see shared.mcp.catalog)."""
     registry = get_registry()
     tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
     if any(is_mcp_name(name) for name in task.tools):
