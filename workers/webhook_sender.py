@@ -47,6 +47,7 @@ from shared.webhooks import deliveries as webhook_deliveries
 from shared.webhooks import secrets as webhook_secrets
 from shared.webhooks.egress import Destination, check_url, pinned_request
 from shared.webhooks.signing import sign
+from workers.providers.base import tls_context
 from workers.webhook_queue import FairQueue, Send, destination_of
 
 log = logging.getLogger("ratchet.webhooks")
@@ -146,7 +147,7 @@ def _client() -> tuple[httpx.Client, _Deadline]:
         # httpx takes no network backend of its own: its pool is made again with one (the
         # same settings as httpx's defaults), whose connections keep to the deadline.
         transport._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
+            ssl_context=tls_context(),  # the process's one: not one per sending thread
             max_connections=100,
             max_keepalive_connections=20,
             keepalive_expiry=5.0,
