@@ -173,13 +173,14 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
         by_step[call.step_number].append(call)
     messages: list[Message] = []
     for step in steps:
-        messages.append(
-            {
-                "role": "assistant",
-                "content": step.response.get("content"),
-                "tool_calls": as_decided(step.response.get("tool_calls", []), by_step[step.number]),
-            }
-        )
+        said: Message = {
+            "role": "assistant",
+            "content": step.response.get("content"),
+            "tool_calls": as_decided(step.response.get("tool_calls", []), by_step[step.number]),
+        }
+        if step.response.get("thinking"):  # sent back as it came (Anthropic's signed blocks)
+            said["thinking"] = step.response["thinking"]
+        messages.append(said)
         for call in by_step[step.number]:
             content = tool_runner.message_content(
                 ok=call.status == CallStatus.SUCCEEDED,
