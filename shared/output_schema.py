@@ -110,4 +110,8 @@ def _where(root: str, path: Any) -> str:
 
 
 def _short(message: str) -> str:
-    return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 1] + "…"
+    """A message cut in its middle (where it quotes a long value), keeping what it says."""
+    if len(message) <= MAX_ERROR_CHARS:
+        return message
+    half = MAX_ERROR_CHARS // 2
+    return f"{message[:half]}…{message[-half:]}"
