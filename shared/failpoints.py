@@ -16,6 +16,7 @@ from functools import lru_cache
 
 POINTS = (
     "model_call",
+    "after_summary_commit",  # a summary of earlier turns is committed, the step's call not made
     "after_model_commit",
     "tool_call",
     "after_tool",
