@@ -16,6 +16,7 @@ from benchmarks import (
     fairness,
     history,
     limiter,
+    mcp,
     neighbours,
     submissions,
     throughput,
@@ -57,6 +58,7 @@ app.command("history")(history.history)
 app.command("throughput")(throughput.throughput)
 app.command("dashboard")(dashboard.dashboard)
 app.command("fairness")(fairness.fairness)
+app.command("mcp")(mcp.mcp)
 app.command("walk")(walk.walk)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(

@@ -23,9 +23,10 @@ from shared.mcp import connections
 from shared.mcp.catalog import McpTool, resolve
 from shared.mcp.config import current
 from shared.settings import get_settings
-from tests.conftest import TenantHandle
+from tests.conftest import Configure, TenantHandle
 from tests.fakes.mcp_servers.http_server import HttpServer
 from tests.fakes.mcp_servers.toolset import PIXEL, Record
+from tests.fakes.openai_server import OpenAIServer, answer, tool_call
 from tests.helpers import scripted_task, tool_turn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -332,3 +333,43 @@ def _context(call: str) -> Any:
     from shared.agents.registry import ToolContext
 
     return ToolContext(task_id="t", tenant_id="x", call_id=call, idempotency_key=f"t:{call}")
+
+
+def test_an_openai_compatible_model_calls_mcp_tools_by_names_its_api_accepts(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    servers: Any,
+    configure: Configure,
+) -> None:
+    # OpenAI's and Anthropic's APIs take tool names of letters, digits, _ and - only.
+    from workers.providers import _provider
+
+    servers()
+    with OpenAIServer() as model:
+        configure(RATCHET_OPENAI_BASE_URL=model.base_url, RATCHET_OPENAI_API_KEY="test-key")
+        _provider.cache_clear()  # its SDK client is made from the settings
+        model.reply(
+            tool_call("files__add", {"a": 2, "b": 3}),
+            tool_call("web__echo", {"text": "hi"}),
+            answer("done"),
+        )
+        body = {"input": "add", "model": "openai:gpt-4o-mini", "tools": ["files.add", "web.*"]}
+        answer_ = client.post("/v1/tasks", json=body, headers=tenant.headers)
+        assert answer_.status_code == 202, answer_.text
+        task_id = answer_.json()["id"]
+        assert drive(task_id) == "succeeded"
+        first, second, _ = model.requests
+    _provider.cache_clear()
+    sent = [t["function"]["name"] for t in first.body["tools"]]
+    assert "files__add" in sent
+    assert "web__echo" in sent
+    assert all("." not in name for name in sent)
+    [call] = second.messages[-2]["tool_calls"]
+    assert call["function"]["name"] == "files__add"
+    steps = client.get(f"/v1/tasks/{task_id}/steps", headers=tenant.headers).json()["items"]
+    calls = [c for step in steps for c in step["tool_calls"]]
+    assert [(c["name"], c["server"], c["result"]) for c in calls] == [
+        ("files.add", "files", {"result": 5}),
+        ("web.echo", "web", "hi"),
+    ]

@@ -28,7 +28,9 @@ from workers.providers.base import (
     Sharded,
     ToolCallRequest,
     classify_error,
+    local_names,
     tls_context,
+    wire_name,
 )
 
 PASSED_OPTIONS = ("temperature", "top_p", "top_k", "stop_sequences", "tool_choice", "thinking")
@@ -69,7 +71,12 @@ def _assistant_blocks(message: Message) -> list[dict[str, Any]]:
         blocks.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
         blocks.append(
-            {"type": "tool_use", "id": call["id"], "name": call["name"], "input": call["arguments"]}
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": wire_name(call["name"]),
+                "input": call["arguments"],
+            }
         )
     return blocks
 
@@ -145,7 +152,7 @@ class AnthropicProvider:
         system, messages = to_anthropic(request.messages)
         options: dict[str, Any] = {k: v for k, v in request.options.items() if k in PASSED_OPTIONS}
         tools = [
-            {"name": t.name, "description": t.description, "input_schema": t.parameters}
+            {"name": wire_name(t.name), "description": t.description, "input_schema": t.parameters}
             for t in request.tools
         ]
         prompt: list[dict[str, Any]] | str = system
@@ -164,7 +171,7 @@ class AnthropicProvider:
             )
         except anthropic.AnthropicError as exc:
             raise map_error(exc) from exc
-        return parse_message(reply)
+        return local_names(parse_message(reply), request.tools)
 
 
 def parse_message(reply: anthropic.types.Message) -> ModelResponse:

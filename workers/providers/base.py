@@ -12,11 +12,12 @@ import itertools
 import json
 import math
 import os
+import re
 import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import httpx
@@ -101,6 +102,28 @@ class ToolCallRequest:
     name: str
     arguments: dict[str, Any]
     invalid_arguments: str | None = None  # the raw text when the model sent malformed JSON
+
+
+_WIRE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NOT_WIRE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def wire_name(name: str) -> str:
+    """A tool's name as the providers' APIs take it (letters, digits, ``_`` and ``-``, at most
+    64): an MCP tool's ``<server>.<tool>`` goes out as ``<server>__<tool>``."""
+    if _WIRE_NAME.fullmatch(name):
+        return name
+    return _NOT_WIRE.sub("_", name.replace(".", "__"))[:64]
+
+
+def local_names(response: ModelResponse, tools: list[ToolSchema]) -> ModelResponse:
+    """``response`` with its tool calls named as Ratchet names the tools, not as they were
+    sent (:func:`wire_name`)."""
+    names = {wire_name(t.name): t.name for t in tools if wire_name(t.name) != t.name}
+    if not any(call.name in names for call in response.tool_calls):
+        return response
+    calls = [replace(call, name=names.get(call.name, call.name)) for call in response.tool_calls]
+    return replace(response, tool_calls=calls)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from workers.providers.base import (
     Sharded,
     ToolCallRequest,
     classify_error,
+    local_names,
     parse_arguments,
     tls_context,
+    wire_name,
 )
 
 PASSED_OPTIONS = (
@@ -63,7 +65,7 @@ def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
                             "id": call["id"],
                             "type": "function",
                             "function": {
-                                "name": call["name"],
+                                "name": wire_name(call["name"]),
                                 "arguments": json.dumps(call["arguments"]),
                             },
                         }
@@ -114,7 +116,7 @@ class OpenAIProvider:
                 {
                     "type": "function",
                     "function": {
-                        "name": t.name,
+                        "name": wire_name(t.name),
                         "description": t.description,
                         "parameters": t.parameters,
                     },
@@ -132,7 +134,7 @@ class OpenAIProvider:
             raise map_error(exc) from exc
         except ValueError as exc:
             raise ModelPermanentError(f"the model provider answered with bad JSON: {exc}") from exc
-        return parse_completion(completion)
+        return local_names(parse_completion(completion), request.tools)
 
 
 def parse_completion(completion: Any) -> ModelResponse:
