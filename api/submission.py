@@ -19,8 +19,8 @@ from shared.actions.tasks import Submitted
 from shared.agents.registry import Agent, get_agent, get_registry
 from shared.context_window import ContextPolicy, Policy, context_window
 from shared.errors import EgressDenied, InvalidRequest, NotFound
-from shared.mcp.names import covers, is_mcp_name
 from shared.mcp.catalog import problem as mcp_problem
+from shared.mcp.names import covers, is_mcp_name
 from shared.model_strings import Script, check_available, parse_model, script_delays_over
 from shared.pricing import is_priced, unpriced_reason
 from shared.ratelimit import rules

@@ -10,8 +10,8 @@ from api.deps import Reader
 from api.params import cursor_after, encode_cursor
 from api.schemas.agents import AgentList, AgentOut, ToolOut
 from shared.agents.registry import Agent, Tool, get_registry
-from shared.mcp.names import is_mcp_name
 from shared.mcp.catalog import API_LIST_SECONDS, McpTool, resolve
+from shared.mcp.names import is_mcp_name
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
