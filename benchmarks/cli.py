@@ -11,6 +11,7 @@ import typer
 from benchmarks import (
     capacity,
     checkpoint,
+    context,
     dashboard,
     delivery,
     fairness,
@@ -60,6 +61,7 @@ app.command("dashboard")(dashboard.dashboard)
 app.command("fairness")(fairness.fairness)
 app.command("mcp")(mcp.mcp)
 app.command("walk")(walk.walk)
+app.command("context")(context.context)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",

@@ -29,6 +29,7 @@ from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store import checkpoints, ledger
 from shared.store.db import get_sessionmaker
 from shared.store.events import list_events
+from shared.store.summaries import list_summaries
 from shared.store.tables import Step, Task, utcnow
 from shared.views import aware, usage_of
 from shared.webhooks import deliveries as webhook_deliveries
@@ -175,6 +176,7 @@ def _task(login: Login, task_id: str) -> dict[str, Any]:
         task = _task_row(session, login, task_id)
         steps = checkpoints.load_steps(session, task_id, after=0, limit=500)
         calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
+        summaries = list(list_summaries(session, task_id))
         events = list_events(session, task_id, limit=1000)
         deliveries, attempts, _ = webhook_deliveries.list_for_task(
             session, task_id, after=None, limit=100
@@ -191,6 +193,7 @@ def _task(login: Login, task_id: str) -> dict[str, Any]:
         # Cost unknown (None) for a model with no price, rather than $0.
         "usage": usage_of(task, model=task.model),
         "step_usage": {s.number: usage_of(s, model=task.model) for s in steps},
+        "summaries": summaries,
         "events": events,
         "deliveries": [(d, attempts.get(d.id, [])) for d in deliveries],
         "terminal": task.status in TERMINAL_STATUSES,

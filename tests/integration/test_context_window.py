@@ -242,3 +242,22 @@ def test_the_policy_is_stored_resolved(
         default: {"policy": "summarize"},
         own: {"policy": "truncate", "reserve_tokens": 500},
     }
+
+
+def test_the_dashboard_shows_the_summaries_and_each_steps_prompt(
+    reader_server: Callable[[int], tuple[OpenAIServer, Reader]],
+    client: TestClient,
+    make_tenant: Callable[..., TenantHandle],
+) -> None:
+    from tests.integration.test_dashboard import login
+
+    _, reader = reader_server(30)
+    admin = make_tenant(("admin", "tasks:read", "tasks:write"))
+    task_id = _submit(client, admin, context={"policy": "summarize"})
+    assert _run(task_id, carried=True) == "succeeded"
+    login(client, admin.key)
+    page = client.get(f"/dashboard/tasks/{task_id}").text
+    assert reader.summary_sizes
+    for number in range(1, len(reader.summary_sizes) + 1):
+        assert f"Summary {number}: the agent is reading the book." in page
+    assert f"prompt {reader.sizes[-1]:,} tokens" in page

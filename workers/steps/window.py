@@ -24,11 +24,11 @@ from typing import Any
 
 from workers import tokens
 from workers.providers.base import Message, ToolSchema, estimate_tokens
+from workers.providers.parts import media_tokens, text_of
 from workers.tool_runner import cut_text
 
 SUMMARY_KEY = "summary"  # a message that stands for earlier steps says so under this key
 MAX_RATIO = 4.0
-IMAGE_TOKENS = 1_000  # a part that is not text (an image, a file): a fixed guess
 MIN_CUT_CHARS = 200  # the least of a tool's result the newest turn keeps when it must shrink
 
 _ratios: dict[str, float] = {}
@@ -54,7 +54,7 @@ class Counter:
 
     def message(self, message: Message) -> int:
         count = self.count_text(content_text(message.get("content")))
-        count += _parts_count(message.get("content"))
+        count += media_tokens(message.get("content"))
         count += self.count_text(message.get("tool_call_id") or "")
         for call in message.get("tool_calls") or ():
             count += self.count_text(json.dumps(wire_call(call)))
@@ -109,22 +109,9 @@ def _scaled(count: int, ratio: float) -> int:
 
 
 def content_text(content: Any) -> str:
-    """A message's text: its content, or the text of its parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(p.get("text") or "") for p in content if isinstance(p, dict) and "text" in p
-        )
-    return json.dumps(content)
-
-
-def _parts_count(content: Any) -> int:
-    if not isinstance(content, list):
-        return 0
-    return IMAGE_TOKENS * sum(1 for p in content if isinstance(p, dict) and "text" not in p)
+    """A message's text: its content, or the text of its parts (its images and files are
+    counted by ``parts.media_tokens``)."""
+    return text_of(content)
 
 
 @dataclass(frozen=True)
