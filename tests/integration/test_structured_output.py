@@ -398,3 +398,17 @@ def test_the_openapi_document_says_what_output_holds(client: TestClient) -> None
     result = schemas["TaskView"]["properties"]["result"]
     output = result["anyOf"][0]["properties"]["output"]
     assert "the JSON value" in output["description"]
+
+
+def test_the_task_page_shows_a_structured_output_as_json(
+    client: TestClient, make_tenant: Callable[..., TenantHandle], drive: Callable[..., str]
+) -> None:
+    admin = make_tenant(("admin", "tasks:read", "tasks:write"))
+    script = [{"content": '{"total": 2, "currency": "EUR"}'}]
+    task_id = _submit(client, admin, **scripted_task(script), output_schema=SCHEMA)
+    assert drive(task_id) == "succeeded"
+
+    answer = client.post("/dashboard/login", data={"key": admin.key}, follow_redirects=False)
+    assert answer.status_code == 303, answer.text
+    page = client.get(f"/dashboard/tasks/{task_id}").text
+    assert '<pre>{\n  "currency": "EUR",\n  "total": 2\n}</pre>' in page
