@@ -4,7 +4,8 @@
   "schema", "strict"}}``. ``strict`` is true only for a schema OpenAI's strict mode accepts
   whole (``strict_qualifies``): every object closed (``additionalProperties: false``) with all
   its properties required, and no keyword strict mode leaves out. Otherwise it is false: the
-  schema still guides the model, and the answer is validated all the same. A task's own
+  schema still guides the model, and the answer is validated all the same (``$schema`` is
+  left out of what is sent: the draft is Ratchet's to know). A task's own
   ``model_options.response_format`` is sent instead, if it gives one (for a server that knows
   only ``json_object``, say).
 - **Anthropic**: a tool whose input is the answer (``final_answer``), offered with the task's
@@ -47,7 +48,7 @@ STRICT_KEYWORDS = frozenset(
 def response_format(schema: dict[str, Any]) -> dict[str, Any]:
     """The ``response_format`` of a chat completion that must meet ``schema``."""
     title = re.sub(r"[^a-zA-Z0-9_-]", "_", str(schema.get("title") or ""))[:64]
-    spec = {"name": title or "output", "schema": schema, "strict": strict_qualifies(schema)}
+    spec = {"name": title or "output", "schema": _plain(schema), "strict": strict_qualifies(schema)}
     return {"type": "json_schema", "json_schema": spec}
 
 

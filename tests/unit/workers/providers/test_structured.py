@@ -160,3 +160,9 @@ def test_a_schema_that_is_no_object_is_wrapped_and_unwrapped() -> None:
     }
     call = ToolCallRequest("toolu_1", "final_answer", {"output": ["a"]})
     assert tool.answer(ModelResponse(content=None, tool_calls=[call])).content == '["a"]'
+
+
+def test_the_draft_is_not_sent_to_the_provider() -> None:
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema"} | CLOSED
+    assert structured.response_format(schema)["json_schema"]["schema"] == CLOSED
+    assert structured.response_format(schema)["json_schema"]["strict"] is True
