@@ -48,7 +48,7 @@ def prompt_for(ctx: Context, tools: list[ToolSchema]) -> Prompt:
     counter = window.counter_for(task.model)
     tool_tokens = counter.tools(tools)
     budget = size - room - tool_tokens
-    tokens = counter.messages(ctx.history)
+    tokens = counter.history(task.id, ctx.history)
     if tokens <= budget:
         return Prompt(ctx.history, tokens + tool_tokens)
     if policy.policy is Policy.OFF:
@@ -61,7 +61,7 @@ def prompt_for(ctx: Context, tools: list[ToolSchema]) -> Prompt:
     opening = len(open_conversation(task, ctx.agent))
     if policy.policy is Policy.SUMMARIZE:
         summarizer.compress(ctx, opening=opening, budget=budget, counter=counter, policy=policy)
-        tokens = counter.messages(ctx.history)
+        tokens = counter.history(task.id, ctx.history)
         if tokens <= budget:
             return Prompt(ctx.history, tokens + tool_tokens)
     try:

@@ -54,7 +54,7 @@ def compress(
     task's own) until it fits in ``budget`` tokens or only the newest turn is left; each
     summary commits before the next is made, and ``ctx.history`` then holds it."""
     for _ in range(MAX_SUMMARIES_PER_STEP):
-        if counter.messages(ctx.history) <= budget:
+        if counter.history(ctx.task.id, ctx.history) <= budget:
             return
         conversation = window.split(ctx.history, opening=opening)
         turns = conversation.turns

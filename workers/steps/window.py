@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,9 @@ SUMMARY_KEY = "summary"  # a message that stands for earlier steps says so under
 MAX_RATIO = 4.0
 MIN_CUT_CHARS = 200  # the least of a tool's result the newest turn keeps when it must shrink
 
+PREFIXES_KEPT = 1024  # tasks whose conversation's count a process remembers
+_prefixes: OrderedDict[str, tuple[str, int, Message, int]] = OrderedDict()
+_prefixes_lock = threading.Lock()
 _ratios: dict[str, float] = {}
 _ratios_lock = threading.Lock()
 
@@ -63,6 +67,30 @@ class Counter:
     def messages(self, messages: Sequence[Message]) -> int:
         raw = sum(self.message(m) for m in messages) + tokens.REPLY_PRIMING
         return _scaled(raw, self.ratio)
+
+    def history(self, task_id: str, messages: Sequence[Message]) -> int:
+        """``messages(messages)`` for a task's conversation, counting only what was added
+        since this process last counted it (a step that follows another on the same thread
+        carries the same message objects on, with its own after them)."""
+        with _prefixes_lock:
+            seen = _prefixes.get(task_id)
+        raw, start = 0, 0
+        # The same object where the count stopped: the same messages before it, unchanged.
+        if (
+            seen is not None
+            and seen[0] == self.model
+            and 0 < seen[1] <= len(messages)
+            and messages[seen[1] - 1] is seen[2]
+        ):
+            raw, start = seen[3], seen[1]
+        raw += sum(self.message(m) for m in messages[start:])
+        if messages:
+            with _prefixes_lock:
+                _prefixes[task_id] = (self.model, len(messages), messages[-1], raw)
+                _prefixes.move_to_end(task_id)
+                while len(_prefixes) > PREFIXES_KEPT:
+                    _prefixes.popitem(last=False)
+        return _scaled(raw + tokens.REPLY_PRIMING, self.ratio)
 
     def tools(self, schemas: Sequence[ToolSchema]) -> int:
         raw = sum(self.count_text(json.dumps(wire_tool(t))) for t in schemas)

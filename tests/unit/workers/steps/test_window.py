@@ -161,3 +161,29 @@ def test_estimates_are_raised_by_what_the_provider_reports_and_never_lowered(
     assert counter.messages(messages) >= first
     window.observe("openai:gpt-4o", counted=100, reported=1_000)  # a tokenizer's: not corrected
     assert "openai:gpt-4o" not in window._ratios
+
+
+def test_a_conversation_carried_on_is_counted_from_where_its_count_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counted: list[Message] = []
+
+    def counting(self: Counter, message: Message) -> int:
+        counted.append(message)
+        return 10
+
+    monkeypatch.setattr(Counter, "message", counting)
+    before = history(3)
+    assert ESTIMATE.history("t1", before) == ESTIMATE.messages(before)
+    counted.clear()
+    carried = [*before, *turn(4)]  # the same objects, then the next step's
+    assert ESTIMATE.history("t1", carried) == 10 * len(carried) + 3
+    assert counted == turn(4)
+    counted.clear()
+    reread = [dict(m) for m in carried]  # read back from the store: new objects, all counted
+    assert ESTIMATE.history("t1", reread) == 10 * len(carried) + 3
+    assert len(counted) == len(carried)
+    counted.clear()
+    summarized = [*carried[:2], summary_message(number=1, through_step=3, content="s"), *turn(4)]
+    assert ESTIMATE.history("t1", summarized) == 10 * len(summarized) + 3
+    assert len(counted) == len(summarized)
