@@ -248,7 +248,11 @@ class SummaryOut(BaseModel):
 class StepOut(BaseModel):
     number: int
     status: str
-    model: dict[str, Any]
+    model: dict[str, Any] = Field(
+        description="the model's answer: `content` and `tool_calls`, and `output_error` when it "
+        "was a final answer that missed the task's `output_schema` (the model read it back and "
+        "answered again in the next step)"
+    )
     usage: StepUsage
     model_latency_ms: int
     started_at: datetime

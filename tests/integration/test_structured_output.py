@@ -412,3 +412,8 @@ def test_the_task_page_shows_a_structured_output_as_json(
     assert answer.status_code == 303, answer.text
     page = client.get(f"/dashboard/tasks/{task_id}").text
     assert '<pre>{\n  "currency": "EUR",\n  "total": 2\n}</pre>' in page
+
+
+def test_the_openapi_document_says_a_step_may_carry_its_output_error(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "output_error" in schemas["StepOut"]["properties"]["model"]["description"]
