@@ -16,6 +16,7 @@ RatchetError
     ├── ModelTransientError     worth retrying: timeouts, 5xx, connection errors
     │   └── ModelRateLimited    the provider said 429 (maybe with Retry-After)
     └── ModelPermanentError     not worth retrying: bad request, auth, bad output
+        └── ContextLengthExceeded   the provider said the prompt is over the model's window
 """
 
 from __future__ import annotations
@@ -119,3 +120,9 @@ class ModelPermanentError(ModelError):
     """The model provider rejected the call; retrying will not help."""
 
     error_type = "model_rejected"
+
+
+class ContextLengthExceeded(ModelPermanentError):
+    """The prompt does not fit the model's context window."""
+
+    error_type = "context_length_exceeded"

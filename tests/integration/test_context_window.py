@@ -261,3 +261,34 @@ def test_the_dashboard_shows_the_summaries_and_each_steps_prompt(
     for number in range(1, len(reader.summary_sizes) + 1):
         assert f"Summary {number}: the agent is reading the book." in page
     assert f"prompt {reader.sizes[-1]:,} tokens" in page
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ("This model's maximum context length is 4096 tokens.", "context_length_exceeded"),
+        ("prompt is too long: 210000 tokens > 200000 maximum", None),
+    ],
+)
+def test_a_provider_that_refuses_a_prompt_as_too_long_ends_the_task_as_such(
+    message: str,
+    code: str | None,
+    reader_server: Callable[[int], tuple[OpenAIServer, Reader]],
+    client: TestClient,
+    tenant: TenantHandle,
+) -> None:
+    """A window set larger than the model's real one: the provider's 400 is the error the
+    policy would have given, with what to set."""
+    from tests.fakes.openai_server import error
+
+    server, _ = reader_server(5)
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    server.reply(error(400, message, body=body))
+    task_id = _submit(client, tenant, context={"policy": "truncate"})
+
+    assert _run(task_id, carried=False) == "failed"
+
+    failure = _get(client, tenant, f"/v1/tasks/{task_id}")["error"]
+    assert failure["type"] == "context_length_exceeded", failure
+    assert message in failure["message"]
+    assert "RATCHET_MODEL_CONTEXT_WINDOWS" in failure["message"]

@@ -22,7 +22,12 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import httpx
 
-from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
+from shared.errors import (
+    ContextLengthExceeded,
+    ModelPermanentError,
+    ModelRateLimited,
+    ModelTransientError,
+)
 
 Message = dict[str, Any]
 # The most an answer may use when the task sets no ``max_tokens``: what Ratchet sends where
@@ -236,5 +241,23 @@ def classify_error(
             return ModelRateLimited(message, retry_after=retry_after)
         if code >= 500 or code in transient_statuses:
             return ModelTransientError(message, retry_after=retry_after)
+        if code == 400 and _too_long(exc):
+            return ContextLengthExceeded(
+                f"{message} (the model's real context window is smaller than Ratchet's: "
+                "set it in RATCHET_MODEL_CONTEXT_WINDOWS)"
+            )
         return ModelPermanentError(message)
     return ModelPermanentError(f"model provider error: {exc}")
+
+
+# How the providers say a prompt is over the window: OpenAI's error code, and the words of
+# OpenAI, vLLM ("maximum context length"), Anthropic ("prompt is too long") and others.
+_TOO_LONG = re.compile(
+    r"context_length_exceeded|context length|context window|prompt is too long|too many tokens",
+    re.IGNORECASE,
+)
+
+
+def _too_long(exc: Exception) -> bool:
+    said = f"{getattr(exc, 'code', '') or ''} {getattr(exc, 'message', '') or exc}"
+    return _TOO_LONG.search(said) is not None
