@@ -11,6 +11,10 @@ with no framework in the way)::
 holds fewer than ``--tool-steps`` tool results, then answers "done". ``GET /stats`` reports
 the calls in flight now and at peak, the calls completed and the seconds they took in all;
 ``POST /stats/reset`` zeroes them.
+
+With ``--http-tool``, the tool call asked for is ``http_request`` of this server's own
+``GET /receiver``, which answers a small JSON body after ``--receiver-latency-ms``: an HTTP
+tool that costs a few ms of waiting (its calls are counted apart, as ``receiver_calls``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Stats:
     peak: int = 0
     calls: int = 0
     busy_seconds: float = 0.0
+    receiver_calls: int = 0
 
     def begin_call(self) -> None:
         self.in_flight += 1
@@ -55,6 +60,7 @@ class Stats:
     def reset(self) -> None:
         """Zero the counters; calls still in flight stay counted as in flight."""
         self.peak, self.calls, self.busy_seconds = self.in_flight, 0, 0.0
+        self.receiver_calls = 0
 
 
 def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
@@ -62,7 +68,17 @@ def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
     return sum(4 + len(str(m.get("content") or "")) // 4 for m in messages)
 
 
-def complete_chat(request: dict[str, Any], *, tool_steps: int, number: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ToolAsked:
+    """The tool call the stub asks for: its name and its arguments' JSON text."""
+
+    name: str = "calculator"
+    arguments: str = TOOL_ARGUMENTS
+
+
+def complete_chat(
+    request: dict[str, Any], *, tool_steps: int, number: int, tool: ToolAsked = ToolAsked()
+) -> dict[str, Any]:
     """The reply to one chat-completions request, in the shape the official SDK parses."""
     messages = list(request.get("messages") or [])
     tool_results = sum(m.get("role") == "tool" for m in messages)
@@ -70,7 +86,7 @@ def complete_chat(request: dict[str, Any], *, tool_steps: int, number: int) -> d
     finish_reason, completion_tokens = "stop", 1
     if tool_results < tool_steps:
         call_id = f"call_{uuid.uuid4().hex[:24]}"
-        function = {"name": "calculator", "arguments": TOOL_ARGUMENTS}
+        function = {"name": tool.name, "arguments": tool.arguments}
         message["content"] = None
         message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
         finish_reason, completion_tokens = "tool_calls", 12
@@ -94,9 +110,18 @@ def complete_chat(request: dict[str, Any], *, tool_steps: int, number: int) -> d
 class Stub:
     """The ASGI app: one instance holds the latency, the script length and the counters."""
 
-    def __init__(self, *, latency_s: float, tool_steps: int) -> None:
+    def __init__(
+        self,
+        *,
+        latency_s: float,
+        tool_steps: int,
+        tool: ToolAsked = ToolAsked(),
+        receiver_latency_s: float = 0.005,
+    ) -> None:
         self.latency_s = latency_s
         self.tool_steps = tool_steps
+        self.tool = tool
+        self.receiver_latency_s = receiver_latency_s
         self.stats = Stats()
         self._numbers = itertools.count(1)
 
@@ -107,6 +132,10 @@ class Stub:
         route = (scope["method"], scope["path"])
         if route == ("POST", COMPLETIONS_PATH):
             await _send_json(send, 200, payload=await self._complete(body))
+        elif route == ("GET", "/receiver"):
+            await asyncio.sleep(self.receiver_latency_s)
+            self.stats.receiver_calls += 1
+            await _send_json(send, 200, payload={"ok": True, "answer": 42})
         elif route == ("GET", "/stats"):
             await _send_json(send, 200, payload=asdict(self.stats))
         elif route == ("POST", "/stats/reset"):
@@ -121,7 +150,8 @@ class Stub:
         try:
             await asyncio.sleep(self.latency_s)
             request = json.loads(body or b"{}")
-            return complete_chat(request, tool_steps=self.tool_steps, number=next(self._numbers))
+            number = next(self._numbers)
+            return complete_chat(request, tool_steps=self.tool_steps, number=number, tool=self.tool)
         finally:
             self.stats.end_call(time.monotonic() - started)
 
@@ -148,10 +178,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=9100)
     parser.add_argument("--latency-ms", type=float, default=2000.0)
     parser.add_argument("--tool-steps", type=int, default=2)
+    parser.add_argument("--http-tool", action="store_true", help="ask for http_request calls")
+    parser.add_argument("--receiver-latency-ms", type=float, default=5.0)
     args = parser.parse_args(argv)
     import uvicorn
 
-    stub = Stub(latency_s=args.latency_ms / 1000, tool_steps=args.tool_steps)
+    tool = ToolAsked()
+    if args.http_tool:
+        url = f"http://{args.host}:{args.port}/receiver"
+        tool = ToolAsked("http_request", json.dumps({"url": url}))
+    stub = Stub(
+        latency_s=args.latency_ms / 1000,
+        tool_steps=args.tool_steps,
+        tool=tool,
+        receiver_latency_s=args.receiver_latency_ms / 1000,
+    )
     # A backlog deep enough for every benchmark client to connect at once.
     uvicorn.run(
         stub,
@@ -161,6 +202,9 @@ def main(argv: list[str] | None = None) -> None:
         access_log=False,
         log_level="warning",
         backlog=4096,
+        # Longer than any client's keep-alive: a connection the client takes from its pool as
+        # the server closes it would be a failed call.
+        timeout_keep_alive=120,
     )
 
 
