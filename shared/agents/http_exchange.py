@@ -292,10 +292,12 @@ class _Backend(httpcore.NetworkBackend):
 
 
 # Kept connections per host: as many as the calls to one host that finish together, up to
-# this; past it a connection closes when its exchange ends. httpcore closes one idle for
-# KEEPALIVE_SECONDS, and notices one the server closed before reusing it.
+# this; past it a connection closes when its exchange ends. httpcore notices one the server
+# closed before reusing it, and closes one idle for KEEPALIVE_SECONDS: less than the shortest
+# idle timeout common servers keep (gunicorn's 2 s; uvicorn's and Node's 5 s), so a call
+# never goes out on a connection at the moment its server closes it, which would fail it.
 KEEPALIVE_PER_HOST = 128
-KEEPALIVE_SECONDS = 5.0
+KEEPALIVE_SECONDS = 1.5
 HOSTS_KEPT = 64  # clients kept per process; the least recently used goes past it
 
 

@@ -173,6 +173,7 @@ def kept(monkeypatch: pytest.MonkeyPatch) -> Iterator[KeptServer]:
     get_settings.cache_clear()
     # A process of its own clients: none kept from another test.
     monkeypatch.setattr(http_exchange._process, "clients", http_exchange.Clients())
+    monkeypatch.setattr(http_exchange, "KEEPALIVE_SECONDS", 60.0)  # a slow machine's pauses
     with KeptServer("127.0.0.1") as server:
         yield server
     get_settings.cache_clear()
@@ -217,6 +218,7 @@ def vetted(
     monkeypatch.setenv("RATCHET_TOOL_TIMEOUT_SECONDS", str(LONG_LIMIT_SECONDS))
     get_settings.cache_clear()
     monkeypatch.setattr(http_exchange._process, "clients", http_exchange.Clients())
+    monkeypatch.setattr(http_exchange, "KEEPALIVE_SECONDS", 60.0)  # a slow machine's pauses
     from shared.webhooks import egress
 
     answer = {"vetted": "127.0.0.1"}
