@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from api.problems import field_name
+from api.schemas import content
 from api.schemas.tasks import MAX_DELAY_SECONDS, TaskCreate
 from shared.actions import tasks as task_actions
 from shared.actions.tasks import Submitted
@@ -22,6 +23,7 @@ from shared.errors import EgressDenied, InvalidRequest, NotFound
 from shared.mcp.catalog import problem as mcp_problem
 from shared.mcp.names import covers, is_mcp_name
 from shared.model_strings import Script, check_available, parse_model, script_delays_over
+from shared.output_schema import check_schema
 from shared.pricing import is_priced, unpriced_reason
 from shared.ratelimit import rules
 from shared.ratelimit.buckets import LimiterUnavailable
@@ -131,10 +133,17 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
                     f"approval.tools[{index}]", f"{name!r} is not a tool of this task"
                 )
         approval = body.approval.model_dump(exclude_none=True)
+    if not isinstance(body.input, str):
+        content.check_sizes(body.input, settings)
+    output_schema = body.output_schema if body.output_schema is not None else agent.output_schema
+    if output_schema is not None:
+        check_schema(output_schema, max_bytes=settings.output_schema_max_bytes)
     return NewTask(
         agent=agent.name,
         model=model,
-        input=body.input if isinstance(body.input, str) else [m.model_dump() for m in body.input],
+        input=body.input
+        if isinstance(body.input, str)
+        else [m.model_dump(exclude_none=True) for m in body.input],
         instructions=body.instructions,
         tools=tools,
         model_options=body.model_options,

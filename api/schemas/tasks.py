@@ -6,8 +6,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, HttpUrl, computed_field
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    HttpUrl,
+    Tag,
+    computed_field,
+    model_validator,
+)
 
+from api.schemas.content import ContentPart, text_or_list
 from api.schemas.fields import FINITE, JSON_VALUE_SCHEMA, JsonValue, MetadataValue, ShortText, Text
 from api.schemas.webhooks import DEFAULT_WEBHOOK_EVENTS
 from shared.mcp.names import server_of
@@ -15,6 +26,16 @@ from shared.model_strings import Script
 from shared.store.events import EventType
 from shared.views import TaskView, Usage
 
+CONTENT_PARTS_EXAMPLE: Any = [
+    {"type": "text", "text": "What is the total on this receipt?"},
+    {"type": "image", "url": "https://example.com/receipt.png"},
+]
+OUTPUT_SCHEMA_EXAMPLE: Any = {
+    "type": "object",
+    "properties": {"total": {"type": "number"}, "currency": {"type": "string"}},
+    "required": ["total", "currency"],
+    "additionalProperties": False,
+}
 MODEL_OPTIONS_EXAMPLE: Any = {
     "script": [
         {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]},
@@ -24,12 +45,26 @@ MODEL_OPTIONS_EXAMPLE: Any = {
 
 
 class InputMessage(BaseModel):
-    """One chat message of a conversation given as ``input``."""
+    """One chat message of a conversation given as ``input``. A user message may be a list of
+    content parts: text, images and files."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"role": "user", "content": CONTENT_PARTS_EXAMPLE}]},
+    )
 
     role: Literal["system", "user", "assistant"]
-    content: Annotated[Text, Field(max_length=200_000)]
+    content: Annotated[
+        Annotated[Text, Field(max_length=200_000), Tag("text")]
+        | Annotated[list[ContentPart], Field(min_length=1, max_length=100), Tag("parts")],
+        Discriminator(text_or_list),
+    ]
+
+    @model_validator(mode="after")
+    def _parts_from_the_user(self) -> InputMessage:
+        if isinstance(self.content, list) and self.role != "user":
+            raise ValueError(f"only a user message may have content parts, not a {self.role}'s")
+        return self
 
 
 class Budget(BaseModel):
@@ -135,7 +170,10 @@ class TaskCreate(BaseModel):
     input: (
         Annotated[Text, Field(min_length=1, max_length=200_000)]
         | Annotated[list[InputMessage], Field(min_length=1, max_length=500)]
-    ) = Field(description="the user's request as text, or a conversation as chat messages")
+    ) = Field(
+        description="the user's request as text, or a conversation as chat messages (a user "
+        "message may carry text, image and file parts)"
+    )
     model: ShortText | None = Field(
         None,
         description="`provider:model` (`openai:gpt-4o-mini`, `anthropic:…`) or `scripted`; "
@@ -176,6 +214,16 @@ class TaskCreate(BaseModel):
     metadata: Annotated[
         dict[Annotated[Text, Field(max_length=100)], MetadataValue], Field(max_length=50)
     ] = Field(default_factory=dict, description="yours: returned with the task, never read")
+    output_schema: dict[Text, JsonValue] | None = Field(
+        None,
+        description="a JSON Schema the final answer must meet (default: the agent's). The "
+        "model is asked for it in its provider's structured-output mode; an answer that is not "
+        "JSON or misses the schema goes back to the model with the error, up to "
+        "RATCHET_OUTPUT_RETRIES times, then the task fails with `invalid_output`. On success "
+        "`result.output` is the parsed JSON value. Only references inside the schema (`#…`); "
+        "at most RATCHET_OUTPUT_SCHEMA_MAX_BYTES",
+        examples=[OUTPUT_SCHEMA_EXAMPLE],
+    )
 
 
 class TaskList(BaseModel):

@@ -20,6 +20,7 @@ from typing import Any
 import anthropic
 
 from shared.settings import get_settings
+from workers.providers import parts, structured
 from workers.providers.base import (
     DEFAULT_MAX_TOKENS,
     Message,
@@ -59,7 +60,7 @@ def to_anthropic(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
         elif role == "assistant":
             wire.append({"role": "assistant", "content": _assistant_blocks(message)})
         else:
-            wire.append({"role": "user", "content": message.get("content") or ""})
+            wire.append({"role": "user", "content": parts.to_anthropic(message.get("content"))})
     return system, wire
 
 
@@ -155,6 +156,7 @@ class AnthropicProvider:
             {"name": wire_name(t.name), "description": t.description, "input_schema": t.parameters}
             for t in request.tools
         ]
+        output = structured.for_anthropic(request, tools, options)
         prompt: list[dict[str, Any]] | str = system
         if caching_on(request.options):
             prompt = mark_cacheable(system, tools, messages)
@@ -171,7 +173,8 @@ class AnthropicProvider:
             )
         except anthropic.AnthropicError as exc:
             raise map_error(exc) from exc
-        return local_names(parse_message(reply), request.tools)
+        response = local_names(parse_message(reply), request.tools)
+        return response if output is None else output.answer(response)
 
 
 def parse_message(reply: anthropic.types.Message) -> ModelResponse:

@@ -2,7 +2,9 @@
 
 Messages are dicts: ``{"role": "system"|"user"|"assistant"|"tool", "content": str|None}``,
 assistant messages may carry ``tool_calls: [{"id", "name", "arguments"}]`` and tool messages
-carry ``tool_call_id`` and ``name``. Providers translate to and from their wire formats.
+carry ``tool_call_id`` and ``name``. A user message's content may instead be a list of parts
+(``{"type": "text"|"image"|"file", …}``, see ``workers.providers.parts``). Providers translate
+to and from their wire formats.
 """
 
 from __future__ import annotations
@@ -149,6 +151,8 @@ class ModelResponse:
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
     thinking: list[dict[str, Any]] = field(default_factory=list)
+    # Why this final answer misses the task's output schema (it goes back to the model).
+    output_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         said: dict[str, Any] = {
@@ -161,6 +165,8 @@ class ModelResponse:
         }
         if self.thinking:
             said["thinking"] = self.thinking
+        if self.output_error is not None:
+            said["output_error"] = self.output_error
         return said
 
     @classmethod
@@ -177,6 +183,7 @@ class ModelResponse:
                 for c in data.get("tool_calls", [])
             ],
             thinking=list(data.get("thinking") or []),
+            output_error=data.get("output_error"),
         )
 
 

@@ -15,6 +15,7 @@ import openai
 
 from shared.errors import ModelPermanentError
 from shared.settings import get_settings
+from workers.providers import parts, structured
 from workers.providers.base import (
     Message,
     ModelRequest,
@@ -74,7 +75,9 @@ def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
                 }
             )
         else:
-            wire.append({"role": message["role"], "content": message.get("content") or ""})
+            wire.append(
+                {"role": message["role"], "content": parts.to_openai(message.get("content"))}
+            )
     return wire
 
 
@@ -123,6 +126,8 @@ class OpenAIProvider:
                 }
                 for t in request.tools
             ]
+        if request.output_schema is not None and "response_format" not in options:
+            options["response_format"] = structured.response_format(request.output_schema)
         body = {"model": request.model, "messages": to_openai_messages(request.messages)}
         try:
             # The SDK's own HTTP layer (auth, timeouts, error mapping), without the typed

@@ -196,6 +196,7 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
                     "content": content,
                 }
             )
+        messages.extend(output.feedback(step.response))
     return messages
 
 

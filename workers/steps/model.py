@@ -34,6 +34,7 @@ from shared.views import TaskState
 from workers import cancels, heartbeat, model_calls, tokens
 from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import DEFAULT_MAX_TOKENS, ToolSchema
+from workers.steps import output
 from workers.steps.commits import TaskEnded, cancel, fail, fenced
 from workers.steps.context import Context
 from workers.steps.prompt import ContextExceeded, Prompt, prompt_for
@@ -80,6 +81,7 @@ def call_model(ctx: Context) -> Answer:
         messages=sent.messages,
         tools=tools,
         options=ctx.task.model_options,
+        output_schema=ctx.task.output_schema,
     )
     over_budget = budget_before_call(ctx.task, request)
     if over_budget:
@@ -119,7 +121,8 @@ def call_model(ctx: Context) -> Answer:
                 "gen_ai.usage.reasoning.output_tokens": response.reasoning_tokens,
             }
         )
-    return Answer(storable(response), int((time.monotonic() - started) * 1000), started_at)
+    checked = output.review(ctx.task, storable(response))
+    return Answer(checked, int((time.monotonic() - started) * 1000), started_at)
 
 
 def storable(response: ModelResponse) -> ModelResponse:
@@ -200,9 +203,14 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         **details,
     ).then(log_events(("step.model_response", _response_event(lease.step, response, cost))))
     over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
-    final = not response.tool_calls and not over_budget
-    if over_budget or final:
-        change = change.then(_ending(lease.step, response, over_budget=over_budget))
+    # An answer that misses the output schema is a step of its own (the model tries again),
+    # unless it was the last try.
+    invalid = None if over_budget else output.failure(response, ctx.history)
+    final = not response.tool_calls and not over_budget and response.output_error is None
+    if over_budget or final or invalid:
+        change = change.then(
+            _ending(lease.step, task, response, over_budget=over_budget, invalid=invalid)
+        )
     call = checkpoints.ModelCall(
         response=response.to_dict(),
         input_tokens=response.input_tokens,
@@ -219,7 +227,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         writes.add(checkpoints.save_model_response(lease, call, final=final))
         if first is not None:
             writes.add(first)
-    return final or bool(over_budget)
+    return final or bool(over_budget) or bool(invalid)
 
 
 def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str, Any]:
@@ -243,16 +251,26 @@ def usage_details(response: ModelResponse) -> dict[str, int]:
     }
 
 
-def _ending(step: int, response: ModelResponse, *, over_budget: str | None) -> TaskWrite:
-    """What ends the task with this answer: failed over its budget, or the step completed and
-    the task succeeded with the answer as its output."""
+def _ending(
+    step: int,
+    task: TaskState,
+    response: ModelResponse,
+    *,
+    over_budget: str | None,
+    invalid: str | None,
+) -> TaskWrite:
+    """What ends the task with this answer: failed over its budget, or with an answer that
+    missed its output schema on the last try; or the step completed and the task succeeded
+    with the answer as its output (its text, or the JSON value it parsed as)."""
     if over_budget:
         return finish_task(
             TaskStatus.FAILED, error={"type": "budget_exceeded", "message": over_budget}
         )
-    output = {"output": response.content or ""}
+    if invalid:
+        return finish_task(TaskStatus.FAILED, error={"type": "invalid_output", "message": invalid})
+    result = {"output": output.result_output(task, response.content)}
     return log_events(("step.completed", {"step": step})).then(
-        finish_task(TaskStatus.SUCCEEDED, result=output, steps=step)
+        finish_task(TaskStatus.SUCCEEDED, result=result, steps=step)
     )
 
 
