@@ -42,7 +42,7 @@ def _not_called(**_: Any) -> Any:  # an McpTool's invoke calls its server
     raise NotImplementedError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed as a Tool (its schema is a dict)
 class McpTool(Tool):
     """A tool of an MCP server: each call goes to the server's session in this process."""
 
@@ -132,6 +132,22 @@ def resolve(names: Iterable[str], *, agent: str, timeout: float | None = None) -
         if tool != WILDCARD and name not in tools:
             tools[name] = _unavailable(name, server, tool, f"{server!r} has no tool {tool!r}")
     return tools
+
+
+def may_wait(names: Iterable[str], *, agent: str) -> bool:
+    """Whether :func:`resolve` may have to ask a server (to list its tools) rather than answer
+    from this process's lists at once."""
+    from shared.settings import get_settings
+
+    ttl, servers = get_settings().mcp_tools_ttl_seconds, current()
+    for name in names:
+        found = split(name)
+        config = servers.get(found[0]) if found is not None else None
+        if found is None or config is None or not config.allows(agent):
+            continue
+        if not connections.listed_within(found[0], config=config, max_age=ttl):
+            return True
+    return False
 
 
 def listed_tools(server: str) -> list[McpTool]:

@@ -102,6 +102,8 @@ class Link:
         self.drop()
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()
+            if self._holder is not None:
+                self._holder.cancel()  # still starting: stop (its transport ends the process)
         if self._holder is not None:
             await asyncio.gather(self._holder, return_exceptions=True)
 
@@ -369,6 +371,13 @@ async def _connected(link: Link) -> Client:
         raise ToolError(f"MCP server {link.name!r} is unavailable: {describe(exc)}") from exc
 
 
+def listed_within(server: str, *, config: ServerConfig, max_age: float) -> bool:
+    """Whether :func:`list_tools` would answer from this process's list, without waiting."""
+    link = _link(server, config)
+    listing = link.listing
+    return listing is not None and not link.stale and time.monotonic() - listing.at < max_age
+
+
 def list_tools(
     server: str, *, config: ServerConfig, max_age: float, timeout: float | None = None
 ) -> tuple[types.Tool, ...]:
@@ -378,7 +387,7 @@ def list_tools(
     asked again next time."""
     link = _link(server, config)
     listing = link.listing
-    if listing is not None and not link.stale and time.monotonic() - listing.at < max_age:
+    if listing is not None and listed_within(server, config=config, max_age=max_age):
         return listing.tools
     limit = config.timeout_seconds if timeout is None else min(timeout, config.timeout_seconds)
     try:
@@ -432,7 +441,10 @@ def close_all() -> None:
     async def close() -> None:
         await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
 
-    asyncio.run_coroutine_threadsafe(close(), process.loop).result(30)
+    try:
+        asyncio.run_coroutine_threadsafe(close(), process.loop).result(30)
+    except TimeoutError:
+        log.warning("MCP sessions still closing after 30 s; left to end on their own")
 
 
 def describe(exc: BaseException) -> str:

@@ -22,7 +22,6 @@ from shared.errors import ToolError
 from shared.mcp import connections
 from shared.mcp.catalog import McpTool, resolve
 from shared.mcp.config import current
-from shared.settings import get_settings
 from tests.conftest import Configure, TenantHandle
 from tests.fakes.mcp_servers.http_server import HttpServer
 from tests.fakes.mcp_servers.toolset import PIXEL, Record
@@ -42,10 +41,7 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
 
 @pytest.fixture
 def servers(
-    backend_env: dict[str, str],
-    web: HttpServer,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    backend_env: dict[str, str], web: HttpServer, tmp_path: Path, configure: Configure
 ) -> Iterator[Callable[..., Record]]:
     """Declare the test servers (``files``: stdio, recording to a directory of this test;
     ``web``: HTTP; ``down``: HTTP where nothing listens; ``slow``: ``web`` with a 1 s
@@ -68,14 +64,11 @@ def servers(
             "down": {"url": f"http://127.0.0.1:{free_port()}/mcp", "timeout_seconds": 5},
             "slow": {"url": web.url, "timeout_seconds": 1},
         }
-        monkeypatch.setenv("RATCHET_MCP_SERVERS", json.dumps(declared))
-        get_settings.cache_clear()
+        configure(RATCHET_MCP_SERVERS=json.dumps(declared))
         return Record(records)
 
     yield declare
     connections.close_all()
-    monkeypatch.delenv("RATCHET_MCP_SERVERS")
-    get_settings.cache_clear()
 
 
 def run(
@@ -316,11 +309,10 @@ def test_the_agents_list_shows_mcp_tools_with_their_schemas_and_server(
 
 
 def test_the_egress_policy_decides_for_http_servers(
-    backend_env: dict[str, str], servers: Any, monkeypatch: pytest.MonkeyPatch
+    backend_env: dict[str, str], servers: Any, configure: Configure
 ) -> None:
     servers()
-    monkeypatch.setenv("RATCHET_HTTP_ALLOWED_HOSTS", "example.com")
-    get_settings.cache_clear()
+    configure(RATCHET_HTTP_ALLOWED_HOSTS="example.com")
     with pytest.raises(ToolError, match=r"resolves to a non-public address \(127\.0\.0\.1\)"):
         connections.list_tools("web", config=current()["web"], max_age=0)
     # A call is refused the same way, before anything is sent.

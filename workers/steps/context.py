@@ -26,7 +26,7 @@ from shared.store.leases import Lease
 from shared.store.ledger import CallStatus
 from shared.store.tables import Step, Summary, Tenant, ToolCall
 from shared.views import TaskState
-from workers import tool_runner
+from workers import step_pool, tool_runner
 from workers.providers import ModelResponse
 from workers.providers.base import Message
 from workers.steps import output, window
@@ -83,7 +83,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         lease=lease,
         task=task,
         agent=agent,
-        tools=task_tools(task),
+        tools=task_tools(task, mcp=False),  # MCP tools: after the transaction, see runner
         history=open_conversation(task, agent)
         + summary_messages(summary)
         + step_messages(done, calls),
@@ -103,7 +103,7 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
         lease=lease,
         task=task,
         agent=get_agent(task.agent),
-        tools=task_tools(task),
+        tools=task_tools(task, mcp=False),  # MCP tools: under the step's heartbeat
         history=history,
         step_row=None,
         calls={},
@@ -112,14 +112,30 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
     )
 
 
-def task_tools(task: TaskState) -> dict[str, Tool]:
+def task_tools(task: TaskState, *, mcp: bool = True) -> dict[str, Tool]:
     """The task's tools by name: Python tools, and its MCP servers' tools as this process last
-    listed them (``<server>.*`` expanded; see shared.mcp.catalog)."""
+    listed them (``<server>.*`` expanded; see shared.mcp.catalog). Listing a server may start
+    it, which takes seconds: inside a transaction, ``mcp=False`` leaves them out, and the
+    caller adds them once it has committed (see ``with_mcp_tools``)."""
     registry = get_registry()
     tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
-    if any(is_mcp_name(name) for name in task.tools):
+    if mcp and any(is_mcp_name(name) for name in task.tools):
         tools |= mcp_tools.resolve(task.tools, agent=task.agent)
     return tools
+
+
+def with_mcp_tools(ctx: Context) -> Context:
+    """``ctx`` with its task's MCP tools too: read once the lease's transaction (which holds
+    a database connection) has committed and its heartbeat runs, since it may wait for a
+    server to start."""
+    task = ctx.task
+    if not any(is_mcp_name(name) for name in task.tools):
+        return ctx
+    # A server to start or list: wait as for a tool, without the step's turn.
+    waiting = mcp_tools.may_wait(task.tools, agent=task.agent)
+    with step_pool.waiting() if waiting else nullcontext():
+        ctx.tools = task_tools(task)
+    return ctx
 
 
 _tenant_names: dict[str, str] = {}

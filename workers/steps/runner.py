@@ -39,7 +39,14 @@ from workers.providers import ModelResponse
 from workers.providers.base import Message
 from workers.steps import approval_waits
 from workers.steps.commits import TaskEnded, after_commit, complete_current_step, fail, fenced
-from workers.steps.context import Context, following_context, load_context, read_back, worker_id
+from workers.steps.context import (
+    Context,
+    following_context,
+    load_context,
+    read_back,
+    with_mcp_tools,
+    worker_id,
+)
 from workers.steps.model import call_model, check_limits, record_response
 from workers.steps.tools import run_tool_call
 
@@ -187,6 +194,9 @@ def run_leased(ctx: Context) -> StepOutcome:
     extra = {"task_id": lease.task_id, "step": lease.step, "lease_epoch": lease.epoch}
     try:
         with heartbeat.kept(lease), cancels.watching(lease.task_id):
+            # Outside the lease's transaction, under its heartbeat: listing an MCP server's
+            # tools may start the server, which takes seconds.
+            with_mcp_tools(ctx)
             return StepOutcome.FINISHED if run_step(ctx) else StepOutcome.COMMITTED
     except LeaseLost as exc:
         log.warning("fenced: %s (this step's lease epoch %d)", exc, lease.epoch, extra=extra)

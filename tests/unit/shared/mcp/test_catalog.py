@@ -88,3 +88,12 @@ def test_a_server_that_cannot_be_listed_gives_named_tools_that_fail(configure: C
     assert list(tools) == ["down.fetch"]
     with pytest.raises(ToolError, match="MCP server 'down'"):
         tools["down.fetch"].invoke({}, CONTEXT)
+
+
+def test_a_step_knows_when_resolving_may_wait_for_a_server(configure: Configure) -> None:
+    from shared.mcp.catalog import may_wait
+
+    configure(RATCHET_MCP_SERVERS=json.dumps({"ops": {"command": "x", "agents": ["ops"]}}))
+    assert may_wait(["calculator", "ops.*"], agent="ops")  # never listed in this process
+    assert not may_wait(["calculator", "ops.*"], agent="default")  # not its server
+    assert not may_wait(["calculator", "nowhere.*"], agent="ops")
