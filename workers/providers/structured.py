@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from workers.providers.base import ModelRequest, ModelResponse, ToolSchema
+from workers.providers.base import ModelRequest, ModelResponse, ToolSchema, wire_name
 
 OUTPUT_TOOL = "final_answer"
 OUTPUT_TOOL_DESCRIPTION = (
@@ -114,7 +114,7 @@ class OutputTool:
 
 def output_tool(schema: dict[str, Any], tools: list[ToolSchema]) -> OutputTool:
     """The output tool for ``schema`` among ``tools`` (named apart from each of them)."""
-    taken = {t.name for t in tools}
+    taken = {wire_name(t.name) for t in tools}  # as the tools go out
     name = OUTPUT_TOOL
     while name in taken:
         name += "_"

@@ -166,3 +166,14 @@ def test_the_draft_is_not_sent_to_the_provider() -> None:
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema"} | CLOSED
     assert structured.response_format(schema)["json_schema"]["schema"] == CLOSED
     assert structured.response_format(schema)["json_schema"]["strict"] is True
+
+
+def test_the_output_tool_is_named_apart_from_the_tools_as_they_go_out() -> None:
+    tools = [
+        ToolSchema("final.answer", "", {"type": "object"}),
+        ToolSchema("final__answer", "", {}),
+    ]
+    assert structured.output_tool(CLOSED, tools).name == "final_answer"
+    assert (
+        structured.output_tool(CLOSED, [ToolSchema("final_answer", "", {})]).name == "final_answer_"
+    )
