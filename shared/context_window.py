@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from shared.errors import InvalidRequest
 from shared.model_strings import parse_model
 from shared.settings import Settings
 
@@ -81,6 +82,25 @@ class ContextPolicy:
         if self.reserve_tokens is not None:
             data["reserve_tokens"] = self.reserve_tokens
         return data
+
+
+def check_context(context: dict[str, Any]) -> None:
+    """Raise ValueError unless ``context`` is a policy as a submission gives it (an agent's,
+    checked when it is registered): ``policy``, ``model`` and ``reserve_tokens``, each
+    optional."""
+    unknown = set(context) - {"policy", "model", "reserve_tokens"}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}: policy, model, reserve_tokens")
+    if context.get("policy") is not None and context["policy"] not in set(Policy):
+        raise ValueError(f"policy must be truncate, summarize or off, not {context['policy']!r}")
+    if context.get("model") is not None:
+        try:
+            parse_model(str(context["model"]))
+        except InvalidRequest as exc:
+            raise ValueError(exc.reason) from None
+    reserve = context.get("reserve_tokens")
+    if reserve is not None and (not isinstance(reserve, int) or reserve < 1):
+        raise ValueError(f"reserve_tokens must be a positive integer, not {reserve!r}")
 
 
 def context_window(model: str, settings: Settings) -> int:

@@ -222,6 +222,13 @@ def register_agent(agent: Agent) -> Agent:
             check_schema(agent.output_schema, max_bytes=MAX_AGENT_SCHEMA_BYTES)
         except InvalidRequest as exc:
             raise ValueError(f"agent {agent.name!r}: {exc}") from None
+    if agent.context is not None:
+        from shared.context_window import check_context
+
+        try:
+            check_context(agent.context)
+        except ValueError as exc:
+            raise ValueError(f"agent {agent.name!r}: context: {exc}") from None
     _registry.agents[agent.name] = agent
     return agent
 

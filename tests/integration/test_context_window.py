@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from shared.agents.registry import get_registry
 from tests.conftest import Configure, TenantHandle
 from tests.fakes.openai_server import OpenAIServer, tool_call
 from tests.fakes.reader import Reader, unpaired_calls
@@ -223,24 +225,37 @@ def test_a_bad_context_policy_is_a_422_that_changes_nothing(
     assert listed["items"] == []
 
 
+TERSE = {"policy": "off", "reserve_tokens": 1_000}
+
+
 def test_the_policy_is_stored_resolved(
     reader_server: Callable[[int], tuple[OpenAIServer, Reader]],
     client: TestClient,
     tenant: TenantHandle,
     configure: Configure,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Each field of the task's own policy, else of its agent's, else the server's."""
     from shared.store.db import transaction
     from shared.store.tables import Task
 
     reader_server(1)
     configure(RATCHET_CONTEXT_POLICY="summarize")
+    registry = get_registry()
+    reader = registry.agents["reader"]
+    agents = {**registry.agents, "terse": replace(reader, name="terse", context=TERSE)}
+    monkeypatch.setattr(registry, "agents", agents)
     default = _submit(client, tenant)
     own = _submit(client, tenant, context={"policy": "truncate", "reserve_tokens": 500})
+    agents_own = _submit(client, tenant, agent="terse")
+    mixed = _submit(client, tenant, agent="terse", context={"reserve_tokens": 300})
     with transaction() as session:
-        stored = {t: session.get(Task, t).context for t in (default, own)}  # type: ignore[union-attr]
+        stored = {t: session.get(Task, t).context for t in (default, own, agents_own, mixed)}  # type: ignore[union-attr]
     assert stored == {
-        default: {"policy": "summarize"},
-        own: {"policy": "truncate", "reserve_tokens": 500},
+        default: {"policy": "summarize"},  # the server's
+        own: {"policy": "truncate", "reserve_tokens": 500},  # the task's
+        agents_own: TERSE,  # the agent's
+        mixed: TERSE | {"reserve_tokens": 300},  # the task's fields over the agent's
     }
 
 

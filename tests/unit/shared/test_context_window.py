@@ -97,3 +97,32 @@ def test_the_room_kept_for_the_answer(
 ) -> None:
     policy = ContextPolicy(Policy.TRUNCATE, reserve_tokens=reserve)
     assert answer_room(policy, options, window=window, settings=settings()) == room
+
+
+@pytest.mark.parametrize(
+    ("context", "problem"),
+    [
+        ({"policy": "squash"}, "policy must be truncate, summarize or off"),
+        ({"keep": 3}, "unknown keys ['keep']"),
+        ({"model": "gpt-4o"}, "unknown model provider 'gpt-4o'"),
+        ({"reserve_tokens": 0}, "reserve_tokens must be a positive integer"),
+    ],
+)
+def test_an_agent_with_a_bad_policy_is_refused_when_registered(
+    context: dict[str, Any], problem: str
+) -> None:
+    from shared.agents.registry import Agent, register_agent
+
+    with pytest.raises(ValueError, match="agent 'bad': context: ") as caught:
+        register_agent(Agent("bad", context=context))
+    assert problem in str(caught.value)
+
+
+def test_an_agent_with_a_policy_is_registered() -> None:
+    from shared.agents.registry import Agent, get_registry, register_agent
+
+    register_agent(Agent("careful-reader", context={"policy": "summarize"}))
+    try:
+        assert get_registry().agents["careful-reader"].context == {"policy": "summarize"}
+    finally:
+        del get_registry().agents["careful-reader"]
