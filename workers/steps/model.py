@@ -34,7 +34,7 @@ from shared.views import TaskState
 from workers import cancels, heartbeat, model_calls, tokens
 from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import DEFAULT_MAX_TOKENS, ToolSchema
-from workers.steps import output
+from workers.steps import output, window
 from workers.steps.commits import TaskEnded, cancel, fail, fenced
 from workers.steps.context import Context
 from workers.steps.prompt import ContextExceeded, Prompt, prompt_for
@@ -122,7 +122,25 @@ def call_model(ctx: Context) -> Answer:
             }
         )
     checked = output.review(ctx.task, storable(response))
-    return Answer(checked, int((time.monotonic() - started) * 1000), started_at)
+    window.observe(ctx.task.model, counted=sent.tokens, reported=response.input_tokens)
+    latency_ms = int((time.monotonic() - started) * 1000)
+    return Answer(checked, latency_ms, started_at, response.input_tokens or sent.tokens)
+
+
+def fitted_prompt(ctx: Context, tools: list[ToolSchema]) -> Prompt:
+    """The conversation as this call sends it, inside the model's window
+    (``workers.steps.prompt``). A summary's model call, made first, ends the step as the
+    step's own call would: cancelled, failed or deferred."""
+    try:
+        return prompt_for(ctx, tools)
+    except ContextExceeded as exc:
+        fail(ctx, "context_length_exceeded", str(exc))
+    except cancels.Interrupted:
+        cancel(ctx)
+    except ModelError as exc:
+        fail(ctx, exc.error_type, f"the summary of the conversation failed: {exc}")
+    except model_calls.Deferred as deferred:
+        defer(ctx, deferred, failed=[])
 
 
 def storable(response: ModelResponse) -> ModelResponse:
