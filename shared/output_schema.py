@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 from jsonschema import Draft202012Validator, validators
@@ -35,11 +36,21 @@ def check_schema(schema: Any, *, max_bytes: int, field: str = "output_schema") -
     draft's meta-schema, or referring to anything but itself."""
     if not isinstance(schema, dict):
         raise InvalidRequest(field, "must be a JSON Schema object")
-    size = len(json.dumps(schema, separators=(",", ":")).encode())
+    text = json.dumps(schema, separators=(",", ":"), sort_keys=True)
+    size = len(text.encode())
     if size > max_bytes:
         raise InvalidRequest(
             field, f"is {size} bytes; at most {max_bytes} (RATCHET_OUTPUT_SCHEMA_MAX_BYTES)"
         )
+    _check_content(text, field)
+
+
+@lru_cache(maxsize=256)
+def _check_content(text: str, field: str) -> None:
+    """The checks of a schema's content, kept per schema (an agent's comes with every one of
+    its submissions, and the meta-schema's validation costs milliseconds): a schema that
+    passed once passes again; one that failed raises, and is not kept."""
+    schema = json.loads(text)
     cls = _validator_class(schema, field)
     try:
         cls.check_schema(schema)

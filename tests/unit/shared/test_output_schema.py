@@ -87,3 +87,13 @@ def test_every_error_of_an_answer_is_said_at_once_and_each_is_short() -> None:
     assert "'currency' is a required property" in error
     assert "is not of type 'number'" in error
     assert len(error) < 1300
+
+
+def test_a_bad_schema_is_refused_every_time_and_a_good_one_checked_once() -> None:
+    for _ in range(2):
+        with pytest.raises(InvalidRequest):
+            check_schema({"type": "nope"}, max_bytes=1024)
+    check_schema({"type": "integer", "minimum": 3}, max_bytes=1024)
+    check_schema({"minimum": 3, "type": "integer"}, max_bytes=1024)  # the same, keys in any order
+    with pytest.raises(InvalidRequest, match="at most 10"):
+        check_schema({"type": "integer", "minimum": 3}, max_bytes=10)  # the size, every time
