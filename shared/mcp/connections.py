@@ -333,12 +333,38 @@ def call_tool(
 async def _call(
     link: Link, tool: str, arguments: dict[str, Any], key: str, call: _Call
 ) -> types.CallToolResult:
+    try:
+        return await _send(link, tool, arguments, key, call)
+    except _SessionExpired:
+        # The server refused the session, not the call (an HTTP server that restarted):
+        # nothing ran, and a new session may send it.
+        link.drop()
+        return await _send(link, tool, arguments, key, call)
+
+
+class _SessionExpired(Exception):
+    """An HTTP server no longer knows the session: the request was not processed."""
+
+
+def _expired(exc: MCPError, link: Link) -> bool:
+    return (
+        link.config.transport == "http"
+        and exc.code == types.INVALID_REQUEST
+        and "session" in str(exc).lower()
+    )
+
+
+async def _send(
+    link: Link, tool: str, arguments: dict[str, Any], key: str, call: _Call
+) -> types.CallToolResult:
     client = await _connected(link)
     call.sent = True
     try:
         meta = cast(types.RequestParamsMeta, {IDEMPOTENCY_META_KEY: key})  # an open map
         return await client.call_tool(tool, arguments, meta=meta)
     except MCPError as exc:
+        if _expired(exc, link):
+            raise _SessionExpired from exc
         if exc.code == types.CONNECTION_CLOSED:
             link.drop()
             raise ToolOutcomeUnknown(

@@ -365,3 +365,20 @@ def test_an_openai_compatible_model_calls_mcp_tools_by_names_its_api_accepts(
         ("files.add", "files", {"result": 5}),
         ("web.echo", "web", "hi"),
     ]
+
+
+def test_an_http_server_that_restarted_gets_a_new_session_and_the_call(
+    backend_env: dict[str, str], tmp_path: Path, configure: Configure
+) -> None:
+    with HttpServer(tmp_path, free_port()) as restarting:
+        configure(RATCHET_MCP_SERVERS=json.dumps({"again": {"url": restarting.url}}))
+        try:
+            tool = resolve(["again.echo"], agent="default")["again.echo"]
+            assert tool.invoke({"text": "before"}, _context("1")) == "before"
+            restarting.stop()
+            restarting.start()  # it forgot the session
+            assert tool.invoke({"text": "after"}, _context("2")) == "after"
+        finally:
+            connections.close_all()
+    sent = [(c["arguments"]["text"], c["key"]) for c in Record(tmp_path).calls("echo")]
+    assert sent == [("before", "t:1"), ("after", "t:2")]  # each once
