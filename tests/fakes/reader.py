@@ -52,6 +52,7 @@ class Reader:
     last_page: int
     sizes: list[int] = field(default_factory=list)
     summary_sizes: list[int] = field(default_factory=list)
+    summary_prompts: list[list[dict[str, Any]]] = field(default_factory=list)
     prompts: list[list[dict[str, Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -61,6 +62,7 @@ class Reader:
         if str(messages[0].get("content", "")).startswith(SUMMARIZER):
             with self.lock:
                 self.summary_sizes.append(size)
+                self.summary_prompts.append(messages)
                 number = len(self.summary_sizes)
             return answer(f"Summary {number}: the agent is reading the book.", prompt_tokens=size)
         with self.lock:

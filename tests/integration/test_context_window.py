@@ -6,7 +6,9 @@ refuse; long tool results are cut in the prompt and kept whole in the ledger."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -307,3 +309,42 @@ def test_a_provider_that_refuses_a_prompt_as_too_long_ends_the_task_as_such(
     assert failure["type"] == "context_length_exceeded", failure
     assert message in failure["message"]
     assert "RATCHET_MODEL_CONTEXT_WINDOWS" in failure["message"]
+
+
+def test_a_summarizing_model_with_a_smaller_window_summarizes_in_turn_and_skips_no_step(
+    reader_server: Callable[[int], tuple[OpenAIServer, Reader]],
+    client: TestClient,
+    tenant: TenantHandle,
+    configure: Configure,
+) -> None:
+    """A cheaper model named by the policy, whose window takes fewer turns than are due: each
+    summary starts where the one before stopped, and the turns it could not take stay."""
+    _, reader = reader_server(60)
+    windows = {MODEL: WINDOW, "openai:reader-tiny": 2_000}
+    configure(RATCHET_MODEL_CONTEXT_WINDOWS=json.dumps(windows))
+    policy = {"policy": "summarize", "model": "openai:reader-tiny"}
+    task_id = _submit(client, tenant, context=policy)
+
+    assert _run(task_id, carried=True) == "succeeded"
+
+    summaries = _get(client, tenant, f"/v1/tasks/{task_id}/steps")["summaries"]
+    assert {s["model"] for s in summaries} == {"openai:reader-tiny"}
+    assert max(reader.summary_sizes) <= 2_000
+    assert max(reader.sizes) + RESERVE <= WINDOW
+    ranges = [
+        tuple(int(n) for n in re.findall(r"to add \(step (\d+) to step (\d+)\)", str(p))[0])
+        for p in reader.summary_prompts
+    ]
+    assert ranges[0][0] == 1
+    for (_, last), (first, _) in itertools.pairwise(ranges):
+        assert first == last + 1  # no step left out between two summaries
+    assert [s["through_step"] for s in summaries] == [last for _, last in ranges]
+    # Every prompt goes on right after its summary's last step: no turn left out unsummarized.
+    for prompt in reader.prompts:
+        for index, message in enumerate(prompt[:-1]):
+            found = re.match(
+                r"\[Summary of this conversation through step (\d+)", message["content"] or ""
+            )
+            if found:
+                [call] = prompt[index + 1]["tool_calls"]
+                assert call["id"] == f"call_page_{int(found.group(1)) + 1}"

@@ -63,7 +63,10 @@ def compress(
         count = _turns_to_compress(turns, budget=budget, counter=counter)
         summary = summarize(ctx, conversation, count=count, policy=policy)
         commit(ctx, summary)
-        kept = [m for turn in turns[count:] for m in turn]
+        # The turns after the summary's last step (the summarizing model's window may have
+        # taken fewer than ``count``: the rest wait for the next summary).
+        covered = summary.through_step - conversation.first_step + 1
+        kept = [m for turn in turns[covered:] for m in turn]
         message = window.summary_message(
             number=summary.number, through_step=summary.through_step, content=summary.content
         )
