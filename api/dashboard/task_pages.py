@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from api.dashboard.auth import PATH, CheckedLogin, CurrentLogin
 from api.dashboard.pages import scope_of
 from api.dashboard.render import page
+from api.schemas.content import decoded_size
 from shared.actions import tasks as task_actions
 from shared.actions import webhooks as webhook_actions
 from shared.actions.effects import after_commit
@@ -171,6 +172,25 @@ def _task_row(session: Session, login: Login, task_id: str) -> Task:
     return task
 
 
+def shown_input(value: Any) -> Any:
+    """A task's input as its page shows it: an image's or a file's base64 data as its size
+    (the page would otherwise carry megabytes of it)."""
+    if isinstance(value, str):
+        return value
+    return [
+        message
+        if isinstance(message.get("content"), str)
+        else message | {"content": [_shown_part(part) for part in message["content"]]}
+        for message in value
+    ]
+
+
+def _shown_part(part: dict[str, Any]) -> dict[str, Any]:
+    if "data" not in part:
+        return part
+    return part | {"data": f"({decoded_size(part['data']):,} bytes of base64)"}
+
+
 def _task(login: Login, task_id: str) -> dict[str, Any]:
     with get_sessionmaker()() as session, session.begin():
         task = _task_row(session, login, task_id)
@@ -194,6 +214,7 @@ def _task(login: Login, task_id: str) -> dict[str, Any]:
         "usage": usage_of(task, model=task.model),
         "step_usage": {s.number: usage_of(s, model=task.model) for s in steps},
         "summaries": summaries,
+        "shown_input": shown_input(task.input),
         "events": events,
         "deliveries": [(d, attempts.get(d.id, [])) for d in deliveries],
         "terminal": task.status in TERMINAL_STATUSES,

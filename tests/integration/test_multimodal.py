@@ -297,3 +297,19 @@ def _task_count(tenant: TenantHandle) -> int:
     with transaction() as session:
         query = select(func.count()).select_from(Task).where(Task.tenant_id == tenant.id)
         return int(session.scalar(query) or 0)
+
+
+def test_the_task_page_shows_a_parts_size_not_its_base64(
+    client: TestClient, make_tenant: Callable[..., TenantHandle], drive: Callable[..., str]
+) -> None:
+    admin = make_tenant(("admin", "tasks:read", "tasks:write"))
+    task_id = _submit(client, admin, **scripted_task([{"content": "read"}]) | {"input": INPUT})
+    assert drive(task_id) == "succeeded"
+
+    login = client.post("/dashboard/login", data={"key": admin.key}, follow_redirects=False)
+    assert login.status_code == 303, login.text
+    page = client.get(f"/dashboard/tasks/{task_id}").text
+    assert PNG not in page
+    assert PDF not in page
+    assert f"({len(base64.b64decode(PNG)):,} bytes of base64)" in page
+    assert URL in page

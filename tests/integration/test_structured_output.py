@@ -400,11 +400,11 @@ def test_the_openapi_document_says_what_output_holds(client: TestClient) -> None
     assert "the JSON value" in output["description"]
 
 
-def test_the_task_page_shows_a_structured_output_as_json(
+def test_the_task_page_shows_a_structured_output_as_json_and_what_was_sent_back(
     client: TestClient, make_tenant: Callable[..., TenantHandle], drive: Callable[..., str]
 ) -> None:
     admin = make_tenant(("admin", "tasks:read", "tasks:write"))
-    script = [{"content": '{"total": 2, "currency": "EUR"}'}]
+    script = [{"content": '{"total": 2}'}, {"content": '{"total": 2, "currency": "EUR"}'}]
     task_id = _submit(client, admin, **scripted_task(script), output_schema=SCHEMA)
     assert drive(task_id) == "succeeded"
 
@@ -412,6 +412,8 @@ def test_the_task_page_shows_a_structured_output_as_json(
     assert answer.status_code == 303, answer.text
     page = client.get(f"/dashboard/tasks/{task_id}").text
     assert '<pre>{\n  "currency": "EUR",\n  "total": 2\n}</pre>' in page
+    assert "sent back: the answer misses the output schema" in page
+    assert "the answer: &#39;currency&#39; is a required property" in page
 
 
 def test_the_openapi_document_says_a_step_may_carry_its_output_error(client: TestClient) -> None:
