@@ -263,6 +263,8 @@ def test_cached_tokens_are_in_the_usage_and_cost_what_the_price_table_says(
         for s in steps
     ] == [(2100, 0, 2000), (2150, 2000, 0)]
     assert [s["usage"]["cost_usd"] for s in steps] == [pytest.approx(first), pytest.approx(second)]
+    page = _dashboard_page(client, tenant, f"/dashboard/tasks/{task_id}")
+    assert "4,250 in (2,000 cached) (2,000 written to cache) / 30 out" in page
 
 
 def _dashboard_page(client: TestClient, tenant: TenantHandle, path: str) -> str:

@@ -119,3 +119,12 @@ def test_a_model_with_no_price_has_an_unknown_cost_until_a_prices_file_prices_it
     )
     task, _ = _run(client, tenant, drive, model)
     assert task["usage"]["cost_usd"] == pytest.approx((220 * 1.0 + 15 * 2.0) / 1e6)
+
+
+def test_the_openapi_document_describes_the_usage(client: TestClient) -> None:
+    usage = client.get("/openapi.json").json()["components"]["schemas"]["Usage"]["properties"]
+    for key in ("cached_input_tokens", "cache_write_tokens", "reasoning_tokens"):
+        assert usage[key]["type"] == "integer"
+        assert usage[key]["description"]
+    assert {"type": "null"} in usage["cost_usd"]["anyOf"]
+    assert "no known price" in usage["cost_usd"]["description"]
