@@ -91,6 +91,9 @@ def exchange(
                 client, destination, method=method, headers=headers, json=json, timeout=seconds
             ) as response:
                 body, truncated = read_capped(response)
+                # The connection goes back to the pool as this block ends, and may be another
+                # call's at once: the deadline must no longer shut it down.
+                cutoff.stop()
         except httpx.HTTPError as exc:
             # Each operation's own timeout is the whole limit too: one that ran out is the
             # deadline's as well.
@@ -158,6 +161,11 @@ class Cutoff:
             self._over = True
             if self._socket is not None:
                 self._socket.close()
+
+    def stop(self) -> None:
+        """The exchange is over: from now on the deadline does nothing."""
+        with self._lock:
+            self._over = True
 
     def watch(self, connection: object, sock: socket.socket) -> None:
         """Note ``sock``, the socket of ``connection``, unless it is the one noted already."""
