@@ -42,9 +42,13 @@ def fake(openai_server: OpenAIServer, configure: Configure) -> Start:  # noqa: F
 
 
 def _run(
-    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], model: str
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    model: str,
+    **extra: Any,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    body = {"input": "What is 6*7?", "model": model, "tools": ["calculator"]}
+    body = {"input": "What is 6*7?", "model": model, "tools": ["calculator"]} | extra
     response = client.post("/v1/tasks", json=body, headers=tenant.headers)
     assert response.status_code == 202, response.text
     task_id = response.json()["id"]
@@ -70,7 +74,9 @@ def test_cached_and_reasoning_tokens_are_counted_and_cached_ones_cost_less(
             reasoning_tokens=150,
         ),
     )
-    task, steps = _run(client, tenant, drive, "openai:gpt-4o-mini")
+    options = {"reasoning_effort": "low"}
+    task, steps = _run(client, tenant, drive, "openai:gpt-4o-mini", model_options=options)
+    assert [r.body["reasoning_effort"] for r in server.requests] == ["low", "low"]
 
     price = price_of("openai:gpt-4o-mini")
     assert price is not None

@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from shared.agents.registry import Agent
 from tests.unit.builders import CLOCK_MS, lease_on, task_state
+from workers.providers import ModelRequest
+from workers.providers.base import DEFAULT_MAX_TOKENS
 from workers.steps import model
 from workers.steps.context import Context
-from workers.steps.model import budget_exceeded, check_limits
+from workers.steps.model import budget_before_call, budget_exceeded, check_limits
 
 # --- budget_exceeded -----------------------------------------------------------------------------
 
@@ -137,3 +139,60 @@ def test_a_task_without_a_deadline_never_runs_out_of_time(
 ) -> None:
     check_limits(context(step=1, deadline_ms=None, clock_ms=clock_ms))
     assert failures == []
+
+
+# --- budget_before_call --------------------------------------------------------------------------
+
+
+def _request(**options: Any) -> ModelRequest:
+    return ModelRequest(
+        task_id="task-1",
+        step=2,
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "hello"}],
+        tools=[],
+        options=options,
+    )
+
+
+def test_no_budget_and_the_scripted_model_are_never_stopped_before_a_call() -> None:
+    assert (
+        budget_before_call(task_state(budget=None, model="openai:gpt-4o-mini"), _request()) is None
+    )
+    scripted = task_state(budget={"max_tokens": 1}, model="scripted")
+    assert budget_before_call(scripted, _request()) is None
+
+
+def test_the_worst_case_is_the_prompt_and_all_the_answer_may_use() -> None:
+    """1,000 tokens used; the next call's prompt (a few tokens) and up to 500 for the answer:
+    within a budget of 1,600, past one of 1,500."""
+    task = task_state(model="openai:gpt-4o-mini", input_tokens=800, output_tokens=200)
+    roomy = replace_budget(task, {"max_tokens": 1600})
+    assert budget_before_call(roomy, _request(max_tokens=500)) is None
+    tight = replace_budget(task, {"max_tokens": 1500})
+    reason = budget_before_call(tight, _request(max_tokens=500))
+    assert reason is not None
+    assert "up to 500 for the answer" in reason
+
+
+def test_without_max_tokens_the_answer_may_use_the_default() -> None:
+    task = task_state(model="openai:gpt-4o-mini", budget={"max_tokens": DEFAULT_MAX_TOKENS})
+    reason = budget_before_call(task, _request())
+    assert reason is not None
+    assert f"up to {DEFAULT_MAX_TOKENS}" in reason
+
+
+def test_a_cost_budget_is_checked_at_the_worst_cost() -> None:
+    # gpt-4o-mini: 1,000 answer tokens at $0.60 per million is $0.0006.
+    task = task_state(model="openai:gpt-4o-mini", budget={"max_cost_usd": 0.001}, cost_usd=0.0005)
+    reason = budget_before_call(task, _request(max_tokens=1000))
+    assert reason is not None
+    assert "$0.001" in reason
+    spent_less = task_state(model="openai:gpt-4o-mini", budget={"max_cost_usd": 0.001})
+    assert budget_before_call(spent_less, _request(max_tokens=1000)) is None
+
+
+def replace_budget(task: Any, budget: dict[str, Any]) -> Any:
+    copy = task_state(**vars(task))
+    copy.budget = budget
+    return copy
