@@ -62,6 +62,8 @@ class Counter:
         count += self.count_text(message.get("tool_call_id") or "")
         for call in message.get("tool_calls") or ():
             count += self.count_text(json.dumps(wire_call(call)))
+        if message.get("thinking"):  # Anthropic's thinking blocks, sent back with their turn
+            count += self.count_text(json.dumps(message["thinking"]))
         return count + tokens.PER_MESSAGE
 
     def messages(self, messages: Sequence[Message]) -> int:

@@ -129,10 +129,12 @@ def test_a_head_larger_than_the_window_cannot_be_sent() -> None:
         truncate(split(huge, opening=2), budget=1_000, counter=ESTIMATE)
 
 
-def test_tool_calls_and_definitions_are_counted_as_sent() -> None:
+def test_tool_calls_thinking_and_definitions_are_counted_as_sent() -> None:
     answer = turn(1)[0]
     bare = {"role": "assistant", "content": None}
     assert ESTIMATE.message(answer) > ESTIMATE.message(bare) + 10
+    thinking = [{"type": "thinking", "thinking": "x" * 4_000, "signature": "s"}]
+    assert ESTIMATE.message(bare | {"thinking": thinking}) > ESTIMATE.message(bare) + 1_000
     schema = ToolSchema("read_page", "Read a page.", {"type": "object", "properties": {}})
     assert ESTIMATE.tools([schema]) >= estimate_tokens("read_pageRead a page.")
 
