@@ -382,3 +382,23 @@ def test_an_http_server_that_restarted_gets_a_new_session_and_the_call(
             connections.close_all()
     sent = [(c["arguments"]["text"], c["key"]) for c in Record(tmp_path).calls("echo")]
     assert sent == [("before", "t:1"), ("after", "t:2")]  # each once
+
+
+def test_the_dashboards_task_page_names_the_server_of_each_call(
+    client: TestClient,
+    make_tenant: Callable[..., TenantHandle],
+    drive: Callable[..., str],
+    servers: Any,
+) -> None:
+    servers()
+    admin = make_tenant(("tasks:read", "tasks:write", "admin"))
+    script = [tool_turn("web.echo", text="hi"), tool_turn("calculator", expression="1+1")]
+    tools = ["web.*", "calculator"]
+    task_id, status, calls = run(client, admin, drive, [*script, {"content": "done"}], tools)
+    assert [c["status"] for c in calls] == ["succeeded", "succeeded"]
+    assert status == "succeeded"
+    login = client.post("/dashboard/login", data={"key": admin.key}, follow_redirects=False)
+    assert login.status_code == 303, login.text
+    page = client.get(f"/dashboard/tasks/{task_id}")
+    assert page.status_code == 200
+    assert page.text.count("MCP server web") == 1  # the calculator call names none
