@@ -89,6 +89,7 @@ def _get(client: TestClient, tenant: TenantHandle, path: str) -> Any:
     return response.json()
 
 
+@pytest.mark.backends("postgresql", "sqlite")
 @pytest.mark.parametrize("policy", ["truncate", "summarize"])
 def test_a_200_step_task_never_sends_a_prompt_over_the_window(
     policy: str,
