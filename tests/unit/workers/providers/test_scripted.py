@@ -64,3 +64,20 @@ def test_error_turns_fail_n_times_then_answer(error: str, exc: type[Exception]) 
         with pytest.raises(exc):
             provider.complete(request(script, 1))
     assert provider.complete(request(script, 1)).content == "ok"
+
+
+def test_a_summary_is_written_from_what_it_was_given_whatever_the_script() -> None:
+    from dataclasses import replace
+
+    transcript = "[step 1] assistant called read_page({})\n" + "word " * 500
+    asked = replace(
+        request([{"content": "a step's answer"}], 3, [{"role": "user", "content": transcript}]),
+        purpose="summary",
+    )
+    first, again = ScriptedProvider().complete(asked), ScriptedProvider().complete(asked)
+    assert first == again  # the same prompt, the same summary
+    assert first.content is not None
+    assert first.content.startswith("Scripted summary: [step 1] assistant called read_page")
+    assert len(first.content) < 500
+    assert not first.tool_calls
+    assert first.output_tokens > 0
