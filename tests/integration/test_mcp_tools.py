@@ -253,15 +253,25 @@ def test_annotations_and_overrides_decide_idempotency_and_approval(
     )
 
 
-def test_a_destructive_tool_waits_for_approval(
-    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], servers: Any
+def test_a_destructive_tool_waits_for_approval_and_runs_once_approved(
+    client: TestClient,
+    make_tenant: Callable[..., TenantHandle],
+    drive: Callable[..., str],
+    servers: Any,
 ) -> None:
     files = servers()
-    script = [tool_turn("files.delete_file", path="/etc/passwd"), {"content": "done"}]
-    _, status, calls = run(client, tenant, drive, script, ["files.*"])
+    approver = make_tenant(("tasks:read", "tasks:write", "tasks:approve"))
+    script = [tool_turn("files.delete_file", path="/tmp/x"), {"content": "done"}]
+    task_id, status, _ = run(client, approver, drive, script, ["files.*"])
     assert status == "awaiting_approval"
-    assert calls == [] or all(c["status"] == "awaiting" for c in calls)
-    assert files.calls("delete_file") == []
+    assert files.calls("delete_file") == []  # nothing sent before a person decides
+    decided = client.post(
+        f"/v1/tasks/{task_id}/approvals/1-0", json={"decision": "approve"}, headers=approver.headers
+    )
+    assert decided.status_code in (200, 202), decided.text
+    assert drive(task_id) == "succeeded"
+    [sent] = files.calls("delete_file")
+    assert sent["key"] == f"{task_id}:1-0"
 
 
 def test_the_api_checks_mcp_tool_names(
