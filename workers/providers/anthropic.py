@@ -22,12 +22,12 @@ import anthropic
 from shared.settings import get_settings
 from workers.providers import parts, structured
 from workers.providers.base import (
-    DEFAULT_MAX_TOKENS,
     Message,
     ModelRequest,
     ModelResponse,
     Sharded,
     ToolCallRequest,
+    answer_cap,
     classify_error,
     local_names,
     tls_context,
@@ -112,8 +112,9 @@ def caching_on(options: dict[str, Any]) -> bool:
 
 
 def max_tokens(options: dict[str, Any]) -> int:
-    """The most the answer may use, as sent (the API requires a value)."""
-    return int(options.get("max_tokens") or DEFAULT_MAX_TOKENS)
+    """The most the answer may use, as sent (the API requires a value, above any thinking
+    budget): the task's ``max_tokens``, else room for the thinking and an answer."""
+    return answer_cap(options)
 
 
 def map_error(exc: anthropic.AnthropicError) -> Exception:

@@ -35,6 +35,19 @@ Message = dict[str, Any]
 # The most an answer may use when the task sets no ``max_tokens``: what Ratchet sends where
 # the API requires a value (Anthropic), and what a budget assumes of the others.
 DEFAULT_MAX_TOKENS = 4096
+
+
+def answer_cap(options: Mapping[str, Any]) -> int:
+    """The most an answer may use: the task's ``max_tokens`` (or ``max_completion_tokens``),
+    else ``DEFAULT_MAX_TOKENS`` plus any extended-thinking budget (which counts within it)."""
+    given = options.get("max_tokens") or options.get("max_completion_tokens")
+    if given:
+        return int(given)
+    thinking = options.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    return DEFAULT_MAX_TOKENS + (budget if isinstance(budget, int) and budget > 0 else 0)
+
+
 Client = TypeVar("Client")
 CLIENT_SHARDS = 16
 

@@ -33,7 +33,7 @@ from shared.store.tables import utcnow
 from shared.views import TaskState
 from workers import cancels, heartbeat, model_calls, tokens
 from workers.providers import ModelRequest, ModelResponse, get_provider
-from workers.providers.base import DEFAULT_MAX_TOKENS, ToolSchema
+from workers.providers.base import ToolSchema, answer_cap
 from workers.steps import output, window
 from workers.steps.commits import TaskEnded, cancel, fail, fenced
 from workers.steps.context import Context
@@ -294,17 +294,15 @@ def _ending(
 
 def budget_before_call(task: TaskState, request: ModelRequest) -> str | None:
     """Why the task may not make this call: the worst it could use (its prompt, counted as the
-    rate limiter counts it, and all the answer may take: ``max_tokens``, else
-    ``DEFAULT_MAX_TOKENS``) would take it past its budget. So a task stops before the call
-    that could cross its budget, never a whole call past it. The scripted model is left to
-    the check after the call: its usage is whatever its script says."""
+    rate limiter counts it, and all the answer may take: ``answer_cap``) would take it past
+    its budget. So a task stops before the call that could cross its budget, never a whole
+    call past it. The scripted model is left to the check after the call: its usage is
+    whatever its script says."""
     budget = task.budget or {}
     max_tokens, max_cost = budget.get("max_tokens"), budget.get("max_cost_usd")
     if (max_tokens is None and max_cost is None) or parse_model(task.model)[0] == "scripted":
         return None
-    options = request.options
-    output = int(options.get("max_tokens") or options.get("max_completion_tokens") or 0)
-    output = output or DEFAULT_MAX_TOKENS
+    output = answer_cap(request.options)
     prompt = tokens.request_tokens(replace(request, options={}), task.model, default_output=0)
     total_tokens = task.input_tokens + task.output_tokens + prompt + output
     if max_tokens is not None and total_tokens > max_tokens:

@@ -9,7 +9,13 @@ from typing import Any
 import anthropic
 import pytest
 
-from workers.providers.anthropic import caching_on, mark_cacheable, parse_message, to_anthropic
+from workers.providers.anthropic import (
+    caching_on,
+    mark_cacheable,
+    max_tokens,
+    parse_message,
+    to_anthropic,
+)
 
 EPHEMERAL = {"type": "ephemeral"}
 THOUGHT = {"type": "thinking", "thinking": "use the calculator", "signature": "sig-1"}
@@ -105,3 +111,16 @@ def test_usage_counts_the_whole_prompt_and_keeps_the_thinking() -> None:
     assert (response.output_tokens, response.reasoning_tokens) == (50, 40)
     assert response.thinking == [THOUGHT, HIDDEN]
     assert response.to_dict()["thinking"] == [THOUGHT, HIDDEN]
+
+
+@pytest.mark.parametrize(
+    ("options", "sent"),
+    [
+        ({}, 4096),
+        ({"max_tokens": 1000}, 1000),
+        ({"thinking": {"type": "enabled", "budget_tokens": 8000}}, 12096),
+        ({"thinking": {"type": "enabled", "budget_tokens": 8000}, "max_tokens": 9000}, 9000),
+    ],
+)
+def test_max_tokens_leaves_room_for_the_thinking_budget(options: dict[str, Any], sent: int) -> None:
+    assert max_tokens(options) == sent
