@@ -1,11 +1,17 @@
 """Budgets and honest cost on real API and worker processes: a task stops before the model call
 whose worst case could take it past its cost or token budget (the OpenAI-compatible test server
 counts each task's calls), cached prompt tokens are billed at the price table's cached price,
-and a model with no known price costs null, not $0."""
+and a model with no known price costs null, not $0. A bad prices file stops a process at start
+with one line."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +93,26 @@ def test_budgets_stop_before_the_call_and_cost_is_honest_on_real_workers(
     assert roomy["usage"]["cost_usd"] == pytest.approx(expected)
     assert unpriced["usage"]["cost_usd"] is None
     assert unpriced["usage"]["input_tokens"] == 4000
+
+
+@pytest.mark.parametrize("command", [("api",), ("worker",)])
+def test_a_bad_prices_file_stops_the_process_at_start_in_one_line(
+    service_env: dict[str, str], tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"models": {"openai:x": {"input": -1, "output": 1}}}))
+    env = {**os.environ, **service_env, "RATCHET_PRICES_FILE": str(prices)}
+    done = subprocess.run(
+        [sys.executable, "-m", "ratchet", *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr + done.stdout
+    [line] = done.stderr.strip().splitlines()
+    assert "RATCHET_PRICES_FILE" in line
+    assert "models.openai:x.input" in line
