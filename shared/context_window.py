@@ -131,10 +131,14 @@ def answer_room(
     policy: ContextPolicy, options: dict[str, Any], *, window: int, settings: Settings
 ) -> int:
     """The tokens kept free for the model's answer: what the policy reserves, else the most
-    the call may write, else the setting (at most a quarter of the window)."""
+    the call may write, else the setting (at most a quarter of the window) and the extended
+    thinking budget the call asks for (Anthropic counts it within the answer's)."""
     if policy.reserve_tokens is not None:
         return policy.reserve_tokens
     asked = options.get("max_tokens") or options.get("max_completion_tokens")
     if isinstance(asked, int) and asked > 0:
         return asked
-    return min(settings.context_reserve_tokens, window // 4)
+    thinking = options.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    extra = budget if isinstance(budget, int) and budget > 0 else 0
+    return min(settings.context_reserve_tokens, window // 4) + extra

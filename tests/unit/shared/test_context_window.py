@@ -90,6 +90,7 @@ def test_the_stored_policy_is_read_back_and_none_is_the_servers_default() -> Non
         (None, {"max_completion_tokens": 60}, 8_000, 60),
         (None, {}, 128_000, 4_096),  # then the setting
         (None, {}, 4_000, 1_000),  # at most a quarter of the window
+        (None, {"thinking": {"type": "enabled", "budget_tokens": 8_000}}, 200_000, 12_096),
     ],
 )
 def test_the_room_kept_for_the_answer(
