@@ -2,10 +2,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.conftest import Configure
+from tests.fakes.anthropic_server import MessagesServer
+from tests.fakes.openai_server import OpenAIServer, openai_server  # noqa: F401
 from tests.helpers import TERMINAL
 
 
@@ -58,3 +62,50 @@ def failpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]
 
     yield set_failpoints
     monkeypatch.delenv("RATCHET_FAILPOINTS", raising=False)
+
+
+def fresh_providers() -> None:
+    """Forget the providers made so far: each holds SDK clients built from the settings of
+    the moment (base URL, key)."""
+    from workers.providers import _provider
+
+    _provider.cache_clear()
+
+
+@pytest.fixture
+def openai_provider(
+    openai_server: OpenAIServer,  # noqa: F811
+    configure: Configure,
+) -> Iterator[OpenAIServer]:
+    """The OpenAI-compatible test server as the ``openai:`` provider, one attempt a call."""
+    configure(
+        RATCHET_OPENAI_BASE_URL=openai_server.base_url,
+        RATCHET_OPENAI_API_KEY="test-key",
+        RATCHET_MODEL_MAX_ATTEMPTS="1",
+    )
+    fresh_providers()
+    yield openai_server
+    fresh_providers()
+
+
+@pytest.fixture
+def anthropic_provider(configure: Configure) -> Iterator[Callable[..., MessagesServer]]:
+    """Starts a Messages-API test server answering with ``replies`` (200s, in order) as the
+    ``anthropic:`` provider, one attempt a call; shut down when the test ends."""
+    servers: list[MessagesServer] = []
+
+    def start(*replies: dict[str, Any]) -> MessagesServer:
+        server = MessagesServer([(200, reply) for reply in replies])
+        servers.append(server)
+        configure(
+            RATCHET_ANTHROPIC_BASE_URL=server.url,
+            RATCHET_ANTHROPIC_API_KEY="test-key",
+            RATCHET_MODEL_MAX_ATTEMPTS="1",
+        )
+        fresh_providers()
+        return server
+
+    yield start
+    for server in servers:
+        server.server.shutdown()
+    fresh_providers()

@@ -5,7 +5,7 @@ to the OpenAI- and Anthropic-compatible test servers)."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +17,6 @@ from tests.fakes.anthropic_server import MessagesServer, message
 from tests.fakes.openai_server import (
     OpenAIServer,
     answer,
-    openai_server,  # noqa: F401
     tool_call,
 )
 from tests.helpers import scripted_task
@@ -40,45 +39,6 @@ INPUT = [
 ]
 
 
-def _fresh_providers() -> None:
-    from workers.providers import _provider
-
-    _provider.cache_clear()  # a provider holds a client built from the old settings
-
-
-@pytest.fixture
-def openai(openai_server: OpenAIServer, configure: Configure) -> Iterator[OpenAIServer]:  # noqa: F811
-    configure(
-        RATCHET_OPENAI_BASE_URL=openai_server.base_url,
-        RATCHET_OPENAI_API_KEY="test-key",
-        RATCHET_MODEL_MAX_ATTEMPTS="1",
-    )
-    _fresh_providers()
-    yield openai_server
-    _fresh_providers()
-
-
-@pytest.fixture
-def anthropic(configure: Configure) -> Iterator[Callable[..., MessagesServer]]:
-    servers: list[MessagesServer] = []
-
-    def start(*replies: dict[str, Any]) -> MessagesServer:
-        server = MessagesServer([(200, reply) for reply in replies])
-        servers.append(server)
-        configure(
-            RATCHET_ANTHROPIC_BASE_URL=server.url,
-            RATCHET_ANTHROPIC_API_KEY="test-key",
-            RATCHET_MODEL_MAX_ATTEMPTS="1",
-        )
-        _fresh_providers()
-        return server
-
-    yield start
-    for server in servers:
-        server.server.shutdown()
-    _fresh_providers()
-
-
 def _submit(client: TestClient, tenant: TenantHandle, **body: Any) -> str:
     response = client.post("/v1/tasks", json={"input": INPUT} | body, headers=tenant.headers)
     assert response.status_code == 202, response.text
@@ -86,9 +46,12 @@ def _submit(client: TestClient, tenant: TenantHandle, **body: Any) -> str:
 
 
 def test_parts_reach_an_openai_compatible_server_in_its_format(
-    openai: OpenAIServer, client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+    openai_provider: OpenAIServer,
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
 ) -> None:
-    openai.reply(tool_call("calculator", {"expression": "10+2.5"}), answer("12.50 EUR"))
+    openai_provider.reply(tool_call("calculator", {"expression": "10+2.5"}), answer("12.50 EUR"))
     task_id = _submit(client, tenant, model="openai:gpt-4o-mini", tools=["calculator"])
 
     assert drive(task_id) == "succeeded"
@@ -103,18 +66,20 @@ def test_parts_reach_an_openai_compatible_server_in_its_format(
         },
         {"type": "text", "text": "notes.txt:\nTotal: 12.50 EUR"},
     ]
-    for sent in openai.requests:  # the parts come back on every step, from the one copy
+    for sent in openai_provider.requests:  # the parts come back on every step, from the one copy
         assert {"role": "system", "content": "You read receipts."} in sent.messages
         assert {"role": "user", "content": expected} in sent.messages
 
 
 def test_parts_reach_an_anthropic_server_in_its_format(
-    anthropic: Callable[..., MessagesServer],
+    anthropic_provider: Callable[..., MessagesServer],
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
 ) -> None:
-    server = anthropic(message([{"type": "text", "text": "12.50 EUR"}], "end_turn", tokens=(9, 3)))
+    server = anthropic_provider(
+        message([{"type": "text", "text": "12.50 EUR"}], "end_turn", tokens=(9, 3))
+    )
     task_id = _submit(client, tenant, model="anthropic:claude-test", tools=[])
 
     assert drive(task_id) == "succeeded"

@@ -6,7 +6,7 @@ servers on real HTTP, and the scripted model."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,7 +19,6 @@ from tests.fakes.anthropic_server import MessagesServer, message
 from tests.fakes.openai_server import (
     OpenAIServer,
     answer,
-    openai_server,  # noqa: F401
     tool_call,
 )
 from tests.helpers import scripted_task
@@ -30,45 +29,6 @@ SCHEMA = {
     "required": ["total", "currency"],
     "additionalProperties": False,
 }
-
-
-def _fresh_providers() -> None:
-    from workers.providers import _provider
-
-    _provider.cache_clear()  # a provider holds a client built from the old settings
-
-
-@pytest.fixture
-def openai(openai_server: OpenAIServer, configure: Configure) -> Iterator[OpenAIServer]:  # noqa: F811
-    configure(
-        RATCHET_OPENAI_BASE_URL=openai_server.base_url,
-        RATCHET_OPENAI_API_KEY="test-key",
-        RATCHET_MODEL_MAX_ATTEMPTS="1",
-    )
-    _fresh_providers()
-    yield openai_server
-    _fresh_providers()
-
-
-@pytest.fixture
-def anthropic(configure: Configure) -> Iterator[Callable[..., MessagesServer]]:
-    servers: list[MessagesServer] = []
-
-    def start(*replies: dict[str, Any]) -> MessagesServer:
-        server = MessagesServer([(200, reply) for reply in replies])
-        servers.append(server)
-        configure(
-            RATCHET_ANTHROPIC_BASE_URL=server.url,
-            RATCHET_ANTHROPIC_API_KEY="test-key",
-            RATCHET_MODEL_MAX_ATTEMPTS="1",
-        )
-        _fresh_providers()
-        return server
-
-    yield start
-    for server in servers:
-        server.server.shutdown()
-    _fresh_providers()
 
 
 def _submit(client: TestClient, tenant: TenantHandle, **body: Any) -> str:
@@ -88,9 +48,14 @@ def _steps(client: TestClient, tenant: TenantHandle, task_id: str) -> list[dict[
 
 
 def test_an_invalid_first_answer_is_corrected_on_the_second(
-    openai: OpenAIServer, client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+    openai_provider: OpenAIServer,
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
 ) -> None:
-    openai.reply(answer('{"total": "12.50"}'), answer('{"total": 12.5, "currency": "EUR"}'))
+    openai_provider.reply(
+        answer('{"total": "12.50"}'), answer('{"total": 12.5, "currency": "EUR"}')
+    )
     task_id = _submit(client, tenant, model="openai:gpt-4o-mini", output_schema=SCHEMA)
 
     assert drive(task_id) == "succeeded"
@@ -98,7 +63,7 @@ def test_an_invalid_first_answer_is_corrected_on_the_second(
     task = _task(client, tenant, task_id)
     assert task["result"] == {"output": {"total": 12.5, "currency": "EUR"}}
     assert task["steps"] == 2
-    first, second = openai.requests
+    first, second = openai_provider.requests
     for sent in (first, second):
         assert sent.body["response_format"] == {
             "type": "json_schema",
@@ -115,14 +80,14 @@ def test_an_invalid_first_answer_is_corrected_on_the_second(
 
 
 def test_an_answer_that_never_validates_fails_the_task_after_the_limit(
-    openai: OpenAIServer,
+    openai_provider: OpenAIServer,
     configure: Configure,
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
 ) -> None:
     configure(RATCHET_OUTPUT_RETRIES="2")
-    openai.reply(answer("twelve euros"), answer("[]"), answer('{"total": 12.5}'))
+    openai_provider.reply(answer("twelve euros"), answer("[]"), answer('{"total": 12.5}'))
     task_id = _submit(client, tenant, model="openai:gpt-4o-mini", output_schema=SCHEMA)
 
     assert drive(task_id) == "failed"
@@ -132,22 +97,25 @@ def test_an_answer_that_never_validates_fails_the_task_after_the_limit(
     assert "after 2 retries" in task["error"]["message"]
     assert "'currency' is a required property" in task["error"]["message"]
     assert task["result"] is None
-    assert len(openai.requests) == 3  # the first try and two retries, no more
-    feedback = [m for m in openai.requests[2].messages if m["role"] == "user"][1:]
+    assert len(openai_provider.requests) == 3  # the first try and two retries, no more
+    feedback = [m for m in openai_provider.requests[2].messages if m["role"] == "user"][1:]
     assert ["the answer is not JSON" in m["content"] for m in feedback] == [True, False]
 
 
 def test_a_schema_strict_mode_cannot_take_is_sent_as_not_strict(
-    openai: OpenAIServer, client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+    openai_provider: OpenAIServer,
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
 ) -> None:
     schema = {"title": "A list of words!", "type": "array", "items": {"type": "string"}}
-    openai.reply(answer('["a", "b"]'))
+    openai_provider.reply(answer('["a", "b"]'))
     task_id = _submit(client, tenant, model="openai:gpt-4o-mini", output_schema=schema)
 
     assert drive(task_id) == "succeeded"
 
     assert _task(client, tenant, task_id)["result"] == {"output": ["a", "b"]}
-    (sent,) = openai.requests
+    (sent,) = openai_provider.requests
     assert sent.body["response_format"]["json_schema"] == {
         "name": "A_list_of_words_",
         "schema": schema,
@@ -156,9 +124,12 @@ def test_a_schema_strict_mode_cannot_take_is_sent_as_not_strict(
 
 
 def test_the_agent_may_use_its_tools_before_its_structured_answer(
-    openai: OpenAIServer, client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+    openai_provider: OpenAIServer,
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
 ) -> None:
-    openai.reply(
+    openai_provider.reply(
         tool_call("calculator", {"expression": "10+2.5"}),
         answer('{"total": 12.5, "currency": "EUR"}'),
     )
@@ -170,19 +141,24 @@ def test_the_agent_may_use_its_tools_before_its_structured_answer(
     assert _task(client, tenant, task_id)["result"] == {
         "output": {"total": 12.5, "currency": "EUR"}
     }
-    assert all("response_format" in sent.body and sent.body["tools"] for sent in openai.requests)
+    assert all(
+        "response_format" in sent.body and sent.body["tools"] for sent in openai_provider.requests
+    )
 
 
 def test_a_task_without_a_schema_keeps_its_text_output_and_own_response_format(
-    openai: OpenAIServer, client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+    openai_provider: OpenAIServer,
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
 ) -> None:
-    openai.reply(answer('{"total": 1}'))
+    openai_provider.reply(answer('{"total": 1}'))
     options = {"response_format": {"type": "json_object"}}
     task_id = _submit(client, tenant, model="openai:gpt-4o-mini", model_options=options)
 
     assert drive(task_id) == "succeeded"
     assert _task(client, tenant, task_id)["result"] == {"output": '{"total": 1}'}
-    assert openai.requests[0].body["response_format"] == {"type": "json_object"}
+    assert openai_provider.requests[0].body["response_format"] == {"type": "json_object"}
 
 
 def _tool_use(name: str, arguments: dict[str, Any], call_id: str = "toolu_1") -> dict[str, Any]:
@@ -190,12 +166,12 @@ def _tool_use(name: str, arguments: dict[str, Any], call_id: str = "toolu_1") ->
 
 
 def test_anthropic_answers_through_the_forced_output_tool(
-    anthropic: Callable[..., MessagesServer],
+    anthropic_provider: Callable[..., MessagesServer],
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
 ) -> None:
-    server = anthropic(
+    server = anthropic_provider(
         message(
             [_tool_use("final_answer", {"total": 3, "currency": "USD"})], "tool_use", tokens=(30, 9)
         )
@@ -212,12 +188,12 @@ def test_anthropic_answers_through_the_forced_output_tool(
 
 
 def test_anthropic_calls_its_tools_first_then_the_output_tool(
-    anthropic: Callable[..., MessagesServer],
+    anthropic_provider: Callable[..., MessagesServer],
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
 ) -> None:
-    server = anthropic(
+    server = anthropic_provider(
         message([_tool_use("calculator", {"expression": "2*3"})], "tool_use", tokens=(30, 9)),
         message([_tool_use("final_answer", {"total": 6}, "toolu_2")], "tool_use", tokens=(40, 9)),
         message(
@@ -247,7 +223,7 @@ def test_anthropic_calls_its_tools_first_then_the_output_tool(
 
 
 def test_anthropic_wraps_a_schema_whose_root_is_not_an_object(
-    anthropic: Callable[..., MessagesServer],
+    anthropic_provider: Callable[..., MessagesServer],
     client: TestClient,
     tenant: TenantHandle,
     drive: Callable[..., str],
@@ -257,7 +233,7 @@ def test_anthropic_wraps_a_schema_whose_root_is_not_an_object(
         "items": {"$ref": "#/$defs/word"},
         "$defs": {"word": {"type": "string"}},
     }
-    server = anthropic(
+    server = anthropic_provider(
         message([_tool_use("final_answer", {"output": ["a"]})], "tool_use", tokens=(9, 9))
     )
     task_id = _submit(client, tenant, model="anthropic:claude-test", tools=[], output_schema=schema)
