@@ -11,30 +11,16 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import Configure, TenantHandle
+from tests.conftest import TenantHandle
 from tests.fakes.openai_server import (
     OpenAIServer,
     answer,
-    openai_server,  # noqa: F401
     tool_call,
 )
 from tests.integration.test_api import assert_problem, error_fields
 
 MODEL = "openai:gpt-4o-mini"  # $0.15 in, $0.60 out per million tokens
 ANSWER_CAP = 1000  # model_options.max_tokens: the most an answer may use
-
-
-@pytest.fixture
-def fake(openai_server: OpenAIServer, configure: Configure) -> OpenAIServer:  # noqa: F811
-    from workers.providers import _provider
-
-    configure(
-        RATCHET_OPENAI_BASE_URL=openai_server.base_url,
-        RATCHET_OPENAI_API_KEY="test-key",
-        RATCHET_MODEL_MAX_ATTEMPTS="1",
-    )
-    _provider.cache_clear()  # its client was made from the settings before
-    return openai_server
 
 
 def _submit(client: TenantClient, **body: Any) -> str:
@@ -71,11 +57,11 @@ def api(client: TestClient, tenant: TenantHandle) -> TenantClient:
 def test_a_task_stops_before_the_call_that_could_cross_its_budget(
     api: TenantClient,
     drive: Callable[..., str],
-    fake: OpenAIServer,
+    openai_provider: OpenAIServer,
     budget: dict[str, float],
     told: str,
 ) -> None:
-    fake.reply(
+    openai_provider.reply(
         *[
             tool_call(
                 "calculator", {"expression": "1+1"}, prompt_tokens=1000, completion_tokens=500
@@ -87,7 +73,7 @@ def test_a_task_stops_before_the_call_that_could_cross_its_budget(
 
     assert drive(task_id) == "failed"
 
-    assert len(fake.requests) == 1  # the second call was never made
+    assert len(openai_provider.requests) == 1  # the second call was never made
     http, tenant = api
     task = http.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()
     assert task["error"]["type"] == "budget_exceeded"
@@ -101,23 +87,23 @@ def test_a_task_stops_before_the_call_that_could_cross_its_budget(
 
 
 def test_a_budget_with_room_for_every_worst_case_is_never_in_the_way(
-    api: TenantClient, drive: Callable[..., str], fake: OpenAIServer
+    api: TenantClient, drive: Callable[..., str], openai_provider: OpenAIServer
 ) -> None:
-    fake.reply(
+    openai_provider.reply(
         tool_call("calculator", {"expression": "1+1"}, prompt_tokens=1000, completion_tokens=500),
         answer("2", prompt_tokens=1100, completion_tokens=5),
     )
     task_id = _submit(api, budget={"max_cost_usd": 0.01, "max_tokens": 10_000})
     assert drive(task_id) == "succeeded"
-    assert len(fake.requests) == 2
+    assert len(openai_provider.requests) == 2
 
 
 def test_a_budget_too_small_for_one_call_makes_none(
-    api: TenantClient, drive: Callable[..., str], fake: OpenAIServer
+    api: TenantClient, drive: Callable[..., str], openai_provider: OpenAIServer
 ) -> None:
     task_id = _submit(api, budget={"max_tokens": ANSWER_CAP})  # no room for a prompt too
     assert drive(task_id) == "failed"
-    assert fake.requests == []
+    assert openai_provider.requests == []
     http, tenant = api
     task = http.get(f"/v1/tasks/{task_id}", headers=tenant.headers).json()
     assert task["error"]["type"] == "budget_exceeded"
@@ -125,7 +111,7 @@ def test_a_budget_too_small_for_one_call_makes_none(
 
 
 def test_a_cost_budget_on_a_model_with_no_price_is_refused(
-    api: TenantClient, fake: OpenAIServer
+    api: TenantClient, openai_provider: OpenAIServer
 ) -> None:
     http, tenant = api
     body = {"input": "hi", "model": "openai:my-local-llama", "budget": {"max_cost_usd": 1.0}}

@@ -17,26 +17,21 @@ from tests.conftest import Configure, TenantHandle
 from tests.fakes.openai_server import (
     Completion,
     OpenAIServer,
-    openai_server,  # noqa: F401
     tool_call,
 )
+from tests.integration.conftest import fresh_providers
 
 Start = Callable[..., OpenAIServer]
 
 
 @pytest.fixture
-def fake(openai_server: OpenAIServer, configure: Configure) -> Start:  # noqa: F811
-    from workers.providers import _provider
+def fake(openai_provider: OpenAIServer, configure: Configure) -> Start:
+    """Starts the provider's test server with these settings besides."""
 
     def start(**env: str) -> OpenAIServer:
-        configure(
-            RATCHET_OPENAI_BASE_URL=openai_server.base_url,
-            RATCHET_OPENAI_API_KEY="test-key",
-            RATCHET_MODEL_MAX_ATTEMPTS="1",
-            **env,
-        )
-        _provider.cache_clear()  # its client was made from the settings before
-        return openai_server
+        configure(**env)
+        fresh_providers()  # its client was made from the settings before
+        return openai_provider
 
     return start
 
