@@ -31,6 +31,7 @@ from tests.helpers import scripted_task, tool_turn
 ROOT = Path(__file__).resolve().parents[2]
 # A stdio server is a Python process importing the SDK: on a busy machine it takes seconds.
 START_SECONDS = 30
+SLOW_TIMEOUT_SECONDS = 3
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def servers(
     backend_env: dict[str, str], web: HttpServer, tmp_path: Path, configure: Configure
 ) -> Iterator[Callable[..., Record]]:
     """Declare the test servers (``files``: stdio, recording to a directory of this test;
-    ``web``: HTTP; ``down``: HTTP where nothing listens; ``slow``: ``web`` with a 1 s
+    ``web``: HTTP; ``down``: HTTP where nothing listens; ``slow``: ``web`` with a 3 s
     timeout), with ``extra`` fields merged into ``files``; returns the stdio server's record.
     Every session of this process is closed after the test (the stdio children exit)."""
     records = tmp_path / "files"
@@ -62,7 +63,8 @@ def servers(
             "files": files,
             "web": {"url": web.url, "timeout_seconds": START_SECONDS},
             "down": {"url": f"http://127.0.0.1:{free_port()}/mcp", "timeout_seconds": 5},
-            "slow": {"url": web.url, "timeout_seconds": 1},
+            # Long enough to connect and list on a busy machine, short of the slow tools.
+            "slow": {"url": web.url, "timeout_seconds": SLOW_TIMEOUT_SECONDS},
         }
         configure(RATCHET_MCP_SERVERS=json.dumps(declared))
         return Record(records)
@@ -165,15 +167,15 @@ def test_a_slow_server_is_cut_at_its_timeout_and_the_model_reads_why(
 ) -> None:
     servers()
     script = [
-        tool_turn("slow.slow_read", seconds=5),
-        tool_turn("slow.slow_write", seconds=5),
+        tool_turn("slow.slow_read", seconds=60),
+        tool_turn("slow.slow_write", seconds=60),
         {"content": "carried on"},
     ]
     _, status, calls = run(client, tenant, drive, script, ["slow.*"])
     assert status == "succeeded"
     read, write = calls
     assert read["status"] == "failed"
-    assert "did not answer slow_read within 1 s" in read["error"]
+    assert f"did not answer slow_read within {SLOW_TIMEOUT_SECONDS} s" in read["error"]
     # A non-idempotent call that got no answer may still act: the unknown-outcome policy
     # (tell_model, MCP's default) says so to the model, and it is not run again.
     assert write["status"] == "failed"
