@@ -32,6 +32,7 @@ from typing import Any
 
 import typer
 
+from benchmarks import plots
 from benchmarks.harness.common import bench_tenant, drop_tenant, emit, host
 
 SMALL, LARGE = "openai:bench-small", "openai:bench-large"
@@ -227,6 +228,7 @@ def context(
     steps: int = typer.Option(200, help="steps per task (a page each, then the answer)"),
     window: int = typer.Option(8_000, help="the small model's context window, in tokens"),
     csv: str = typer.Option("", help="write the curves to this CSV file"),
+    plot: str = typer.Option("", help="draw the curves to this PNG file (needs matplotlib)"),
 ) -> None:
     """Prompt tokens against steps under off, truncate and summarize (see the module)."""
     stub = Stub(last_page=steps - 1)
@@ -248,4 +250,6 @@ def context(
             writer = DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
+    if plot:
+        plots.plot_context(rows, Path(plot))
     emit("context", _report(stub.sent, outcomes, rows))
