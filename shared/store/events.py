@@ -51,9 +51,11 @@ def model_response_data(
     cached_input_tokens: int = 0,
     cache_write_tokens: int = 0,
     reasoning_tokens: int = 0,
+    prompt_tokens: int = 0,
 ) -> dict[str, Any]:
     """The ``step.model_response`` event: the answer (as its checkpoint holds it), its tool
-    calls' ids and its usage. Built so when it is written and again when it is read."""
+    calls' ids and its usage (as ``/steps`` shows it). Built so when it is written and again
+    when it is read."""
     calls = said.get("tool_calls")
     if calls:  # each call with the id the ledger and API use (copied: ``said`` is not changed)
         calls = [call | {"call_id": ledger.call_id(step, p)} for p, call in enumerate(calls)]
@@ -65,6 +67,7 @@ def model_response_data(
         "cache_write_tokens": cache_write_tokens,
         "reasoning_tokens": reasoning_tokens,
         "cost_usd": cost_usd,
+        "prompt_tokens": prompt_tokens,
     }
     return {"step": step, **said, "usage": usage}
 
@@ -125,6 +128,7 @@ def _whole(
             cached_input_tokens=step.cached_input_tokens,
             cache_write_tokens=step.cache_write_tokens,
             reasoning_tokens=step.reasoning_tokens,
+            prompt_tokens=step.prompt_tokens,
         )
     if names_call(type_, data):
         call = calls[data["call_id"]]

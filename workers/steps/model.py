@@ -219,7 +219,7 @@ def record_response(ctx: Context, answer: Answer) -> bool:
         output_tokens=response.output_tokens,
         cost_usd=cost,
         **details,
-    ).then(log_events(("step.model_response", _response_event(lease.step, response, cost))))
+    ).then(log_events(("step.model_response", _response_event(lease.step, answer, cost))))
     over_budget = budget_exceeded(task, response.input_tokens + response.output_tokens, cost)
     # An answer that misses the output schema is a step of its own (the model tries again),
     # unless it was the last try.
@@ -248,14 +248,16 @@ def record_response(ctx: Context, answer: Answer) -> bool:
     return final or bool(over_budget) or bool(invalid)
 
 
-def _response_event(step: int, response: ModelResponse, cost: float) -> dict[str, Any]:
+def _response_event(step: int, answer: Answer, cost: float) -> dict[str, Any]:
     """The ``step.model_response`` event (see ``events.model_response_data``)."""
+    response = answer.response
     return model_response_data(
         step,
         response.to_dict(),
         input_tokens=response.input_tokens,
         output_tokens=response.output_tokens,
         cost_usd=cost,
+        prompt_tokens=answer.prompt_tokens,
         **usage_details(response),
     )
 
