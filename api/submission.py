@@ -20,7 +20,6 @@ from shared.actions.tasks import Submitted
 from shared.agents.registry import Agent, get_agent, get_registry
 from shared.context_window import ContextPolicy, Policy, context_window
 from shared.errors import EgressDenied, InvalidRequest, NotFound
-from shared.mcp.catalog import problem as mcp_problem
 from shared.mcp.names import covers, is_mcp_name
 from shared.model_strings import Script, check_available, parse_model, script_delays_over
 from shared.output_schema import check_schema
@@ -221,6 +220,14 @@ def _run_at_ms(body: TaskCreate) -> int | None:
     if at > now + MAX_DELAY_SECONDS:
         raise InvalidRequest("run_at", "must be at most a year ahead")
     return int(at * 1000)
+
+
+def mcp_problem(name: str, *, agent: str) -> str | None:
+    """What is wrong with an MCP tool's name for this agent (``shared.mcp.catalog.problem``),
+    loaded only when a submission names one: the MCP SDK takes a while to import."""
+    from shared.mcp import catalog
+
+    return catalog.problem(name, agent=agent)
 
 
 def _agent_tools(agent: Agent) -> list[str]:

@@ -10,7 +10,6 @@ from api.deps import Reader
 from api.params import cursor_after, encode_cursor
 from api.schemas.agents import AgentList, AgentOut, ToolOut
 from shared.agents.registry import Agent, Tool, get_registry
-from shared.mcp.catalog import API_LIST_SECONDS, McpTool, resolve
 from shared.mcp.names import is_mcp_name
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
@@ -48,7 +47,7 @@ def list_agents(
                         idempotent=t.idempotent,
                         requires_approval=t.requires_approval is not False,
                         timeout=t.timeout,
-                        server=t.server if isinstance(t, McpTool) else None,
+                        server=getattr(t, "server", None),  # an MCP tool's server
                     )
                     for t in tools
                 ],
@@ -62,5 +61,9 @@ def _tools_of(agent: Agent) -> list[Tool]:
     server slow to list is waited for only a few seconds)."""
     registry = get_registry()
     mcp = [name for name in agent.tools if is_mcp_name(name)]
-    found = resolve(mcp, agent=agent.name, timeout=API_LIST_SECONDS) if mcp else {}
+    found = {}
+    if mcp:
+        from shared.mcp import catalog  # the MCP SDK loads only where an agent names a server
+
+        found = catalog.resolve(mcp, agent=agent.name, timeout=catalog.API_LIST_SECONDS)
     return [registry.tools[n] for n in agent.tools if n in registry.tools] + list(found.values())

@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 
 from shared.agents.registry import Agent, Tool, get_agent, get_registry
 from shared.context_window import Policy, policy_of
-from shared.mcp import catalog as mcp_tools
 from shared.mcp.names import is_mcp_name
 from shared.settings import get_settings
 from shared.store import checkpoints, ledger, summaries
@@ -120,7 +119,9 @@ def task_tools(task: TaskState, *, mcp: bool = True) -> dict[str, Tool]:
     registry = get_registry()
     tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
     if mcp and any(is_mcp_name(name) for name in task.tools):
-        tools |= mcp_tools.resolve(task.tools, agent=task.agent)
+        from shared.mcp import catalog  # the MCP SDK loads only where a task names a server
+
+        tools |= catalog.resolve(task.tools, agent=task.agent)
     return tools
 
 
@@ -132,7 +133,9 @@ def with_mcp_tools(ctx: Context) -> Context:
     if not any(is_mcp_name(name) for name in task.tools):
         return ctx
     # A server to start or list: wait as for a tool, without the step's turn.
-    waiting = mcp_tools.may_wait(task.tools, agent=task.agent)
+    from shared.mcp import catalog
+
+    waiting = catalog.may_wait(task.tools, agent=task.agent)
     with step_pool.waiting() if waiting else nullcontext():
         ctx.tools = task_tools(task)
     return ctx
