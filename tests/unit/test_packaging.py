@@ -127,3 +127,15 @@ def test_the_python_client_loads_no_server_machinery() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_api_and_the_workers_load_the_mcp_sdk_only_for_a_task_that_names_a_server() -> None:
+    # Its import takes some 0.7 s, which every worker and API process would pay at start.
+    probe = (
+        "import sys, api.main, workers.app; "
+        "print(sorted(m for m in ('mcp', 'mcp_types') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == "[]"
