@@ -19,7 +19,6 @@ providers bill as output.
 
 from __future__ import annotations
 
-import json
 import threading
 from functools import lru_cache
 from importlib import resources
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.configfile import first_error
+from shared.configfile import first_error, read_json
 from shared.settings import get_settings
 
 SHIPPED = "prices.json"
@@ -63,16 +62,7 @@ _added_lock = threading.Lock()
 
 def load_file(path: Path) -> PriceTable:
     """A prices file; ValueError in one line naming what is wrong with it."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ValueError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    _, data = read_json(path)
     try:
         return PriceTable.model_validate(data)
     except ValidationError as exc:

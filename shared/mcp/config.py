@@ -11,7 +11,6 @@ the server's annotations say.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -28,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from shared.configfile import first_error
+from shared.configfile import first_error, read_json
 from shared.mcp.names import NAME_PATTERN
 
 ServerName = Annotated[str, StringConstraints(pattern=rf"^{NAME_PATTERN}$", max_length=64)]
@@ -111,16 +110,7 @@ def parse_inline(text: str) -> dict[str, ServerConfig]:
 
 def parse_file(file: Path) -> dict[str, ServerConfig]:
     """``RATCHET_MCP_SERVERS_FILE``: ValueError with one line naming what is wrong."""
-    try:
-        text = file.read_text()
-    except FileNotFoundError:
-        raise ValueError(f"no such file: {file}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {file}: {exc}") from None
-    try:
-        json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{file} is not valid JSON: {exc}") from None
+    text, _ = read_json(file)
     try:
         return parse_inline(text)
     except ValueError as exc:
