@@ -16,6 +16,7 @@ from benchmarks import (
     delivery,
     fairness,
     history,
+    latency,
     limiter,
     mcp,
     neighbours,
@@ -62,6 +63,7 @@ app.command("fairness")(fairness.fairness)
 app.command("mcp")(mcp.mcp)
 app.command("walk")(walk.walk)
 app.command("context")(context.context)
+app.command("latency")(latency.latency)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",

@@ -8,15 +8,17 @@ starts afresh on its first command, as redis-py's pools do).
 Wake-ups go out from a thread of each process's own, as many as have gathered in one
 pipeline: a step's commit hands its wake-up over and goes on, rather than wait a round trip
 to Redis for each (three a tool step, about a tenth of a step's CPU when each took its own).
-A pipeline follows the one before by ``PIPELINE_GAP_SECONDS`` at least: a wake-up that comes
-while the publisher is idle goes out at once, and under load they gather (a busy worker's
-pipelines then carry many wake-ups each, where each had carried one or two: a pipeline per
-wake-up cost a busy worker an eighth of its CPU).
+At most ``PIPELINES_PER_WINDOW`` pipelines start within any ``PIPELINE_WINDOW_SECONDS``: a
+quiet process's wake-ups go out at once (a one-step task's start and end are two wake-ups a
+few ms apart, and its client waits on the second), and under load they gather (a busy
+worker's pipelines then carry many wake-ups each, where each had carried one or two: a
+pipeline per wake-up cost a busy worker an eighth of its CPU).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -57,7 +59,9 @@ RECONNECT_FIRST_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 30.0
 
 BATCH_MAX = 500  # wake-ups in one pipeline, at most
-PIPELINE_GAP_SECONDS = 0.02  # between the starts of two pipelines, at least
+# Pipelines that may start within any window: a burst goes out at once, a stream gathers.
+PIPELINES_PER_WINDOW = 4
+PIPELINE_WINDOW_SECONDS = 0.02
 FORGET_AFTER_SECONDS = 600  # a process silent this long leaves the live view's index too
 
 # KEYS: the gate. Takes one of its slots, if it has one left (DECR keeps the key's expiry).
@@ -108,7 +112,8 @@ class Publisher:
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._pending: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._started = 0.0  # when the last pipeline started (monotonic)
+        # When the latest pipelines started (monotonic), oldest first.
+        self._starts: collections.deque[float] = collections.deque(maxlen=PIPELINES_PER_WINDOW)
         threading.Thread(target=self._run, name="ratchet-wake-ups", daemon=True).start()
 
     def put(self, channel_name: str) -> None:
@@ -117,8 +122,8 @@ class Publisher:
     def _run(self) -> None:
         while True:
             first = self._pending.get()
-            while (gap := self._started + PIPELINE_GAP_SECONDS - time.monotonic()) > 0:
-                time.sleep(gap)  # the last pipeline went out just now: let more gather
+            while (gap := self._next_start() - time.monotonic()) > 0:
+                time.sleep(gap)  # the window's pipelines went out just now: let more gather
             gathered = {first}  # a channel named twice is woken once
             while len(gathered) < BATCH_MAX:
                 try:
@@ -127,8 +132,15 @@ class Publisher:
                     break
             self.send(gathered)
 
+    def _next_start(self) -> float:
+        """When the next pipeline may start: at once, unless the window's pipelines all
+        started within the last window."""
+        if len(self._starts) < PIPELINES_PER_WINDOW:
+            return 0.0
+        return self._starts[0] + PIPELINE_WINDOW_SECONDS
+
     def send(self, channel_names: Iterable[str]) -> None:
-        self._started = time.monotonic()  # the next pipeline goes a gap after this one
+        self._starts.append(time.monotonic())
         try:
             with self._client.pipeline(transaction=False) as pipe:
                 for name in channel_names:

@@ -4,7 +4,6 @@ is down loses wake-ups (readers poll) without raising into the step."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Iterable
@@ -13,7 +12,7 @@ import redis
 
 from shared import notify
 from shared.settings import get_settings
-from shared.transport.redis import PIPELINE_GAP_SECONDS, Publisher
+from shared.transport.redis import PIPELINE_WINDOW_SECONDS, PIPELINES_PER_WINDOW, Publisher
 
 WAIT = 30.0  # a bound for the test to fail rather than hang
 
@@ -87,7 +86,7 @@ class _Recording(Publisher):
         super().send(names)
 
 
-def test_a_burst_of_wake_ups_gathers_into_pipelines_a_gap_apart(
+def test_a_stream_of_wake_ups_gathers_into_pipelines_a_window_apart(
     service_env: dict[str, str],
 ) -> None:
     prefix = f"burst-{time.monotonic_ns()}-"
@@ -95,10 +94,12 @@ def test_a_burst_of_wake_ups_gathers_into_pipelines_a_gap_apart(
     pubsub = _subscribed(url, notify.channel(prefix) + "*")
     publisher = _Recording(redis.Redis.from_url(url))
     names = [notify.channel(f"{prefix}{n}") for n in range(300)]
-    publisher.put(names[0])  # the publisher is idle: out at once
-    while not publisher.sent:
-        time.sleep(0.001)
-    for name in names[1:]:  # one went out just now: these gather for the gap
+    quick = names[:PIPELINES_PER_WINDOW]
+    for name in quick:  # the publisher is idle: each goes out at once
+        publisher.put(name)
+        while len(publisher.sent) < quick.index(name) + 1:
+            time.sleep(0.0005)
+    for name in names[len(quick) :]:  # the window's pipelines went out: these gather
         publisher.put(name)
 
     woken: set[str] = set()
@@ -112,6 +113,8 @@ def test_a_burst_of_wake_ups_gathers_into_pipelines_a_gap_apart(
     assert woken == set(names)  # nothing lost
     starts = [at for at, _ in publisher.sent]
     assert sum(count for _, count in publisher.sent) == len(names)  # nothing twice
-    assert 2 <= len(starts) < len(names)  # gathered
-    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
-    assert all(gap >= PIPELINE_GAP_SECONDS * 0.99 for gap in gaps), gaps
+    assert [count for _, count in publisher.sent[: len(quick)]] == [1] * len(quick)  # at once
+    assert len(quick) < len(starts) < len(names)  # the rest gathered
+    # No window holds more than its pipelines.
+    spans = [b - a for a, b in zip(starts, starts[PIPELINES_PER_WINDOW:], strict=False)]
+    assert all(span >= PIPELINE_WINDOW_SECONDS * 0.99 for span in spans), spans
