@@ -135,10 +135,11 @@ class Settings(BaseSettings):
     # time); at most this many admitted messages wait in the broker ahead of the workers;
     # the fleet's slots (empty: the live workers' threads); how often the dispatcher looks
     # again while a backlog waits; how late a schedule's tick may fire before it is missed.
-    # Direct admission: a submission that nothing waits ahead of skips the backlog (off: a
-    # few ms later to start, but the API sends no message and a round sends many at once).
+    # Direct admission: a submission that nothing waits ahead of skips the backlog (off: some
+    # 7 ms later to start on an idle fleet, but the API sends no message and a round sends
+    # many at once).
     fair_scheduling: bool = True
-    direct_admission: bool = False
+    direct_admission: bool = True
     dispatch_window: int = Field(256, ge=1, le=100_000)
     dispatch_capacity: int | None = Field(None, ge=1)
     dispatch_interval_seconds: float = Field(0.1, gt=0, le=10)
