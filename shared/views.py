@@ -107,6 +107,12 @@ class TaskView(BaseModel):
     run_at: datetime | None = None
     schedule_id: str | None = None
     metadata: dict[str, Any]
+    forked_from: dict[str, Any] | None = Field(
+        None,
+        description="a fork's origin: the task and step it was forked from (it inherited "
+        "that task's steps 1..`step`), and what it replaced there (`replaced_input`, "
+        "`replaced_tool_results`: provider call ids); null for a task that is no fork",
+    )
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -191,6 +197,8 @@ class TaskState(UsageRow, Protocol):
     def schedule_id(self) -> str | None: ...
     @property
     def output_schema(self) -> dict[str, Any] | None: ...
+    @property
+    def forked_from(self) -> dict[str, Any] | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -220,6 +228,7 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         run_at=aware(task.run_at),
         schedule_id=task.schedule_id,
         metadata=task.meta,
+        forked_from=task.forked_from,
     )
 
 
