@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
 
-from api import forks
+from api import fork_requests
 from api.deps import Writer, with_connection
 from api.problems import responses
 from api.schemas.forks import TaskFork
@@ -78,7 +78,7 @@ async def fork_task(
 
 
 def _fork(principal: Principal, task_id: str, body: TaskFork, key: str | None) -> Submitted:
-    done = forks.fork(principal.tenant_id, principal.tenant_name, task_id, body, key)
+    done = fork_requests.fork(principal.tenant_id, principal.tenant_name, task_id, body, key)
     if done.created:
         metrics.tasks_submitted.inc()
         after_commit(done.effects)
