@@ -17,6 +17,7 @@ from api.schemas.tasks import TaskCreate
 from shared.actions import forks as fork_actions
 from shared.actions.tasks import Submitted
 from shared.errors import InvalidRequest
+from shared.mcp.names import covers
 from shared.settings import get_settings
 from shared.store import tasks
 from shared.store.db import get_sessionmaker
@@ -84,8 +85,14 @@ def _merged(inherited: dict[str, Any], body: TaskFork) -> TaskCreate:
     given = body.model_dump(mode="json", include=set(OVERRIDES & body.model_fields_set))
     if given.get("input") is None:
         given.pop("input", None)  # null keeps the origin's input: a task has one
+    merged = inherited | given
+    approval, tools = merged.get("approval"), merged.get("tools")
+    if approval and "tools" in given and tools is not None:
+        # A tool the fork dropped cannot be called, so it has no calls to approve.
+        kept = [name for name in approval.get("tools", []) if covers(tools, name)]
+        merged["approval"] = approval | {"tools": kept}
     try:
-        return TaskCreate.model_validate(inherited | given)
+        return TaskCreate.model_validate(merged)
     except ValidationError as exc:  # the origin's own values, no longer valid here
         first = exc.errors(include_url=False)[0]
         where, _ = field_name(list(first["loc"]))

@@ -319,3 +319,40 @@ def test_an_idempotency_key_returns_the_fork_it_made(
     other = client.post(f"/v1/tasks/{origin}/fork", json={"from_step": 1}, headers=headers)
     assert other.status_code == 422, other.text
     assert _task_count() == before
+
+
+def test_the_dashboard_task_page_links_a_fork_to_its_origin(
+    client: TestClient, make_tenant: Callable[..., TenantHandle], drive: Callable[..., str]
+) -> None:
+    from shared.store.tenants import DEFAULT_SCOPES
+    from tests.integration.test_dashboard import login
+
+    admin = make_tenant((*DEFAULT_SCOPES, "admin"))
+    origin = _waits_at_step_3(client, admin, drive)
+    fork = _fork(client, admin, origin, from_step=2)
+    login(client, admin.key)
+    page = client.get(f"/dashboard/tasks/{fork['id']}").text
+    assert f'<a href="/dashboard/tasks/{origin}"><code>{origin}</code></a> at step 2' in page
+    assert page.count(">inherited</span>") == 2
+    assert f"<code>{origin}:2-0</code>" in page  # the key the inherited call ran with
+
+
+def test_a_fork_that_drops_a_tool_drops_its_approvals(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    script = [{"tool_calls": [{"name": "calculator", "arguments": {"expression": "2*3"}}]}]
+    body = scripted_task(
+        [*script, {"content": "6"}],
+        agent="ops",
+        tools=["calculator", "upsert_record"],
+        approval={"tools": ["upsert_record"]},
+    )
+    origin = _submit(client, tenant, body)
+    assert drive(origin) == "succeeded"
+
+    fork = _fork(client, tenant, origin, from_step=1, tools=["calculator"])
+    assert drive(fork["id"]) == "succeeded"
+    with transaction() as session:
+        row = session.get(Task, fork["id"])
+        assert row is not None
+        assert (row.tools, row.approval) == (["calculator"], {"tools": []})
