@@ -356,3 +356,19 @@ def test_a_fork_that_drops_a_tool_drops_its_approvals(
         row = session.get(Task, fork["id"])
         assert row is not None
         assert (row.tools, row.approval) == (["calculator"], {"tools": []})
+
+
+def test_the_python_client_forks(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    from ratchet.client import Client, RatchetAPIError
+
+    origin = _waits_at_step_3(client, tenant, drive)
+    through = Client("http://testserver", tenant.key)
+    through._http = TestClient(client.app, headers=tenant.headers)
+    fork = through.fork(origin, 2, instructions="Be brief.", idempotency_key="k1")
+    assert (fork["forked_from"]["task_id"], fork["steps"]) == (origin, 2)
+    assert through.fork(origin, 2, instructions="Be brief.", idempotency_key="k1") == fork
+    with pytest.raises(RatchetAPIError) as refused:
+        through.fork(origin, 3)
+    assert refused.value.status == 422
