@@ -5,7 +5,9 @@ response (its checkpoint) and each tool call's settled outcome (its ledger row).
 lease reads them back as any task reads its own committed steps, so none of those model
 calls is asked again and none of those tools runs again; the fork goes on at step ``n + 1``.
 Copying a bounded set of rows once keeps the fork's history its own: the origin may go on
-running, be retried or be deleted without changing it.
+running, be retried or be deleted without changing it. With the same settings, the fork's
+first prompt is the one the origin sent at that step (the summaries of its context policy
+included, as they stood then).
 
 Only committed steps are read: a step counts once it is complete (all its tool calls
 settled), so a fork point is never a step whose outcome is still open.
@@ -129,10 +131,28 @@ def copy_history(
             .values(status=CallStatus.SUCCEEDED, result=value, error=None, finished_at=utcnow())
             .execution_options(synchronize_session=False)
         )
-    # A summary of the replaced step would stand for the outcome it no longer has.
-    last = through_step - 1 if tool_results else through_step
     _copy(
-        session, _SUMMARIES, Summary.task_id == source, Summary.through_step <= last, target=target
+        session,
+        _SUMMARIES,
+        Summary.task_id == source,
+        _in_effect(source, through_step, replaced=bool(tool_results)),
+        target=target,
+    )
+
+
+def _in_effect(source: str, through_step: int, *, replaced: bool) -> ColumnElement[bool]:
+    """The summaries the origin's prompt of the step after the fork point stood on: those of
+    steps up to the fork point, written before that step's model call (a summary written
+    later, for a later prompt, would make the fork's prompt one the origin never sent). A
+    replaced step's summary is left out: it stands for the outcome the step no longer has."""
+    last = through_step - 1 if replaced else through_step
+    next_call = (
+        select(Step.started_at)
+        .where(Step.task_id == source, Step.number == through_step + 1)
+        .scalar_subquery()
+    )
+    return (Summary.through_step <= last) & (
+        next_call.is_(None) | (Summary.created_at <= next_call)
     )
 
 

@@ -16,9 +16,12 @@ from shared.store.db import transaction
 from shared.store.tables import Step, Task, TaskEvent, ToolCall
 from tests.conftest import TenantHandle
 from tests.fakes.openai_server import OpenAIServer, answer, tool_call
+from tests.fakes.reader import Reader
 from tests.helpers import scripted_task
+from tests.integration import test_context_window
 
 pytestmark = pytest.mark.backends("postgresql", "sqlite")
+reader_server = test_context_window.reader_server  # a fixture: the book-reading test model
 
 MODEL = "openai:gpt-4o-mini"
 FORK_MODEL = "openai:gpt-fork"
@@ -372,3 +375,35 @@ def test_the_python_client_forks(
     with pytest.raises(RatchetAPIError) as refused:
         through.fork(origin, 3)
     assert refused.value.status == 422
+
+
+@pytest.mark.backends("postgresql")
+def test_a_fork_keeps_the_summaries_of_its_steps_and_sends_the_prompt_its_origin_sent(
+    reader_server: Callable[[int], tuple[OpenAIServer, Reader]],
+    client: TestClient,
+    tenant: TenantHandle,
+) -> None:
+    from tests.integration.test_context_window import _run
+    from tests.integration.test_context_window import _submit as submit_reader
+    from workers.steps.runner import advance
+
+    _, reader = reader_server(40)
+    origin = submit_reader(client, tenant, context={"policy": "summarize"})
+    assert _run(origin, carried=False) == "succeeded"
+    summaries = _get(client, tenant, f"/v1/tasks/{origin}/steps")["summaries"]
+    at = summaries[1]["through_step"] + 2  # past the second summary, before the next
+    asked, summarized = len(reader.prompts), len(reader.summary_sizes)
+
+    fork = _fork(client, tenant, origin, from_step=at)
+    advance(fork["id"], at + 1)
+
+    assert len(reader.prompts) == asked + 1
+    assert reader.prompts[-1] == reader.prompts[at]  # as the origin's step at + 1 was sent
+    assert len(reader.summary_sizes) == summarized  # no summary written again
+    # It keeps the summaries that prompt stood on: not one written later for a later prompt.
+    timeline = _get(client, tenant, f"/v1/tasks/{fork['id']}/steps")
+    kept = timeline["summaries"]
+    assert kept == summaries[: len(kept)]
+    assert kept
+    assert kept[-1]["content"] in str(reader.prompts[-1])
+    assert len(timeline["items"]) == at + 1
