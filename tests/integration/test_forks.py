@@ -377,7 +377,6 @@ def test_the_python_client_forks(
     assert refused.value.status == 422
 
 
-@pytest.mark.backends("postgresql")
 def test_a_fork_keeps_the_summaries_of_its_steps_and_sends_the_prompt_its_origin_sent(
     reader_server: Callable[[int], tuple[OpenAIServer, Reader]],
     client: TestClient,
