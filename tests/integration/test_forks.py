@@ -406,3 +406,42 @@ def test_a_fork_keeps_the_summaries_of_its_steps_and_sends_the_prompt_its_origin
     assert kept
     assert kept[-1]["content"] in str(reader.prompts[-1])
     assert len(timeline["items"]) == at + 1
+
+
+def test_a_running_task_forks_from_its_committed_steps_and_is_left_as_it_was(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    failpoint: Callable[[str], None],
+    journal: Path,
+) -> None:
+    from shared.failpoints import InjectedFault
+    from workers.steps.runner import advance
+
+    turn = {"tool_calls": [{"name": "upsert_record", "arguments": {"key": "k"}}]}
+    origin = _submit(client, tenant, scripted_task([turn, turn, turn], agent="ops"))
+    advance(origin, 1)
+    advance(origin, 2)
+    failpoint("after_model_commit=raise")  # step 3's answer committed, its tool not yet run
+    with pytest.raises(InjectedFault):
+        advance(origin, 3)
+    failpoint("")
+    running = _get(client, tenant, f"/v1/tasks/{origin}")
+    steps = _get(client, tenant, f"/v1/tasks/{origin}/steps")
+    assert (running["status"], [s["status"] for s in steps["items"]]) == (
+        "running",
+        ["completed", "completed", "model_responded"],
+    )
+
+    refused = client.post(f"/v1/tasks/{origin}/fork", json={"from_step": 3}, headers=tenant.headers)
+    assert refused.status_code == 422, refused.text
+    fork = _fork(client, tenant, origin, from_step=2)
+    assert drive(fork["id"]) == "succeeded"
+
+    assert _effects(journal) == [
+        f"upsert {origin}:1-0",
+        f"upsert {origin}:2-0",
+        f"upsert {fork['id']}:3-0",
+    ]
+    assert _get(client, tenant, f"/v1/tasks/{origin}/steps") == steps
+    assert _get(client, tenant, f"/v1/tasks/{origin}") == running
