@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -18,10 +19,11 @@ from tests.conftest import TenantHandle
 from tests.fakes.openai_server import OpenAIServer, answer, tool_call
 from tests.fakes.reader import Reader
 from tests.helpers import scripted_task
-from tests.integration import test_context_window
+from tests.integration import test_admission_messages, test_context_window
 
 pytestmark = pytest.mark.backends("postgresql", "sqlite")
 reader_server = test_context_window.reader_server  # a fixture: the book-reading test model
+queue = test_admission_messages.queue  # a fixture: a broker queue of the test's own
 
 MODEL = "openai:gpt-4o-mini"
 FORK_MODEL = "openai:gpt-fork"
@@ -445,3 +447,19 @@ def test_a_running_task_forks_from_its_committed_steps_and_is_left_as_it_was(
     ]
     assert _get(client, tenant, f"/v1/tasks/{origin}/steps") == steps
     assert _get(client, tenant, f"/v1/tasks/{origin}") == running
+
+
+@pytest.mark.backends("postgresql")
+def test_the_dispatcher_sends_a_forks_first_message_for_the_step_after_the_fork_point(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    queue: redis.Redis,
+) -> None:
+    from tests.helpers import admit
+    from tests.integration.test_admission_messages import steps_of
+
+    origin = _waits_at_step_3(client, tenant, drive)
+    fork = _fork(client, tenant, origin, from_step=2)
+    admit()
+    assert (fork["id"], 3) in steps_of(queue)
