@@ -463,3 +463,24 @@ def test_the_dispatcher_sends_a_forks_first_message_for_the_step_after_the_fork_
     fork = _fork(client, tenant, origin, from_step=2)
     admit()
     assert (fork["id"], 3) in steps_of(queue)
+
+
+def test_a_replaced_input_comes_before_the_kept_steps(
+    client: TestClient,
+    tenant: TenantHandle,
+    openai_provider: OpenAIServer,
+    drive: Callable[..., str],
+) -> None:
+    server = openai_provider
+    origin = _four_steps(client, tenant, server, drive)
+    step_2_prompt = server.requests[1].messages
+    server.reply(answer("sent to the other team"))
+
+    fork = _fork(client, tenant, origin, from_step=1, input="send the reports to the other team")
+    assert fork["forked_from"]["replaced_input"] is True
+    assert drive(fork["id"]) == "succeeded"
+
+    prompt = server.requests[4].messages
+    assert prompt[1] == {"role": "user", "content": "send the reports to the other team"}
+    assert [prompt[0], *prompt[2:]] == [step_2_prompt[0], *step_2_prompt[2:]]
+    assert _get(client, tenant, f"/v1/tasks/{origin}")["steps"] == 4
