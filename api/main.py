@@ -25,6 +25,7 @@ from api.routes import (
     approvals,
     events,
     fleet,
+    forks,
     health,
     keys,
     limits,
@@ -177,6 +178,7 @@ def create_app() -> FastAPI:
         fleet,
         overview,
         schedules,
+        forks,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     app.include_router(health.router, responses=ANY_REQUEST)

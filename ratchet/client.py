@@ -124,6 +124,22 @@ class Client:
     def retry(self, task_id: str) -> dict[str, Any]:
         return self._json(self._http.post(f"/v1/tasks/{task_id}/retry"))
 
+    def fork(
+        self,
+        task_id: str,
+        from_step: int,
+        *,
+        idempotency_key: str | None = None,
+        **changes: Any,
+    ) -> dict[str, Any]:
+        """A new task holding the task's steps 1..``from_step`` as they were committed, which
+        goes on with ``changes`` (``model``, ``model_options``, ``instructions``, ``tools``,
+        ``input``, ``tool_results``, …: the body of ``POST /v1/tasks/{id}/fork``); returns
+        the queued fork, whose ``forked_from`` names the task."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = {"from_step": from_step, **changes}
+        return self._json(self._http.post(f"/v1/tasks/{task_id}/fork", json=body, headers=headers))
+
     def create_schedule(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
         """Create a schedule (the body of ``POST /v1/schedules``: ``name``, ``cron``,
         ``timezone``, ``task``, ``catch_up``); returns it, with its next tick."""

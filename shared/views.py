@@ -86,6 +86,17 @@ TaskResult = Annotated[
 ]
 
 
+class ForkOrigin(BaseModel):
+    """Where a fork comes from: it holds that task's steps 1..``step`` as committed there."""
+
+    task_id: str
+    step: int = Field(description="the last of the origin's steps the fork kept")
+    replaced_input: bool = Field(description="whether the fork replaced the user input")
+    replaced_tool_results: list[str] = Field(
+        description="the provider call ids of step `step` whose results the fork replaced"
+    )
+
+
 class TaskView(BaseModel):
     id: str
     status: str
@@ -107,6 +118,10 @@ class TaskView(BaseModel):
     run_at: datetime | None = None
     schedule_id: str | None = None
     metadata: dict[str, Any]
+    forked_from: ForkOrigin | None = Field(
+        None,
+        description="a fork's origin (`POST /v1/tasks/{id}/fork`); null for a task that is no fork",
+    )
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -191,6 +206,8 @@ class TaskState(UsageRow, Protocol):
     def schedule_id(self) -> str | None: ...
     @property
     def output_schema(self) -> dict[str, Any] | None: ...
+    @property
+    def forked_from(self) -> dict[str, Any] | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -220,6 +237,7 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         run_at=aware(task.run_at),
         schedule_id=task.schedule_id,
         metadata=task.meta,
+        forked_from=ForkOrigin.model_validate(task.forked_from) if task.forked_from else None,
     )
 
 

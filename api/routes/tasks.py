@@ -285,8 +285,14 @@ def list_steps(
         more = len(steps) > limit
         steps = steps[:limit]
         calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
+        inherited = (task.forked_from or {}).get("step", 0)  # a fork's steps from its origin
         items = [
-            _step_out(s, [c for c in calls if c.step_number == s.number], model=task.model)
+            _step_out(
+                s,
+                [c for c in calls if c.step_number == s.number],
+                model=task.model,
+                forked=s.number <= inherited,
+            )
             for s in steps
         ]
         summaries = [_summary_out(row) for row in list_summaries(session, task_id)]
@@ -316,9 +322,10 @@ def _summary_out(row: Summary) -> SummaryOut:
     )
 
 
-def _step_out(step: Step, calls: list[ToolCall], *, model: str) -> StepOut:
+def _step_out(step: Step, calls: list[ToolCall], *, model: str, forked: bool) -> StepOut:
     return StepOut(
         number=step.number,
+        forked=forked,
         status=checkpoints.status(step),
         model=step.response,
         usage=StepUsage(
@@ -337,7 +344,8 @@ def _step_out(step: Step, calls: list[ToolCall], *, model: str) -> StepOut:
                 status=c.status,
                 result=c.result,
                 error=c.error,
-                idempotency_key=ledger.idempotency_key(c.task_id, c.call_id),
+                # An inherited call ran, with its key, in the task it was forked from.
+                idempotency_key=ledger.idempotency_key(c.inherited_from or c.task_id, c.call_id),
                 runs=c.runs,
                 started_at=aware(c.started_at),
                 finished_at=aware(c.finished_at),

@@ -295,6 +295,11 @@ class SummaryOut(BaseModel):
 
 class StepOut(BaseModel):
     number: int
+    forked: bool = Field(
+        False,
+        description="a step a fork inherited from its origin (see the task's `forked_from`): "
+        "committed there, reused here as it was, its usage counted in the origin's",
+    )
     status: str
     model: dict[str, Any] = Field(
         description="the model's answer: `content` and `tool_calls`, and `output_error` when it "

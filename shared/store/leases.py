@@ -150,7 +150,8 @@ def take_lease(
         tenant_id=leased.tenant_id,
         clock_ms=int(row.clock_ms),
         started=bool(lease_batch.events),
-        fresh=read.started_at is None,
+        # A fork (shared.store.forks) never ran either, but holds the steps it inherited.
+        fresh=read.started_at is None and read.steps == 0,
         deliveries=tuple(d["id"] for d in lease_batch.deliveries),
         task=leased,
     )

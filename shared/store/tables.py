@@ -184,6 +184,10 @@ class Task(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
 
+    # Forks (shared.store.forks): the task and step this one was forked from, and what it
+    # replaced there ({"task_id", "step", "replaced_input", "replaced_tool_results"}).
+    forked_from: Mapped[dict[str, Any] | None]
+
 
 def runnable() -> ColumnElement[bool]:
     """``tasks.status IN ('queued', 'running')`` with the values written into the SQL, not
@@ -255,6 +259,9 @@ class ToolCall(Base):
     decided_at: Mapped[datetime | None]
     decision_reason: Mapped[str | None] = mapped_column(Text)
     original_arguments: Mapped[dict[str, Any] | None]
+    # Forks: a call a fork inherited names the task that ran it (whose idempotency key it ran
+    # with); NULL for the task's own calls.
+    inherited_from: Mapped[str | None] = mapped_column(String(36))
 
 
 class Summary(Base):

@@ -32,6 +32,7 @@ from shared.store.batch import Batch
 from shared.store.db import now_ms
 from shared.store.events import insert_events
 from shared.store.fenced import log_in_batch
+from shared.store.forks import ForkPoint
 from shared.store.step_write import CANCELLED_ERROR, terminal_values
 from shared.store.tables import Task, runnable, utcnow
 from shared.views import task_document
@@ -65,6 +66,9 @@ class NewTask:
     schedule_id: str | None = None
     output_schema: dict[str, Any] | None = None  # the JSON Schema the final answer must meet
     context: dict[str, Any] | None = None  # the context-window policy (shared.context_window)
+    # A fork (shared.store.forks): it starts after this step of that task, whose steps up to
+    # there it holds as its own (copied in the same transaction).
+    forked_from: ForkPoint | None = None
 
 
 def create_task(
@@ -100,6 +104,8 @@ def create_task(
         schedule_id=spec.schedule_id,
         output_schema=spec.output_schema,
         context=spec.context,
+        forked_from=spec.forked_from.as_json() if spec.forked_from else None,
+        steps=spec.forked_from.step if spec.forked_from else 0,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

@@ -29,7 +29,8 @@ MAX_EXAMPLES = 12
 # that agent's tools, a known model, a script valid for it and a webhook URL that resolves to
 # a public address (as must an endpoint's); a key's expiry lies in the future; ``Last-Event-ID``
 # is a number in range; a query string holds no NUL character; an edit fits its tool; a
-# schedule's cron is one croniter accepts; a runtime limit fits its kind.
+# schedule's cron is one croniter accepts; a runtime limit fits its kind; a fork starts at
+# one of its task's committed steps.
 SEMANTIC_422 = (
     "POST /v1/tasks",
     "GET /v1/tasks",
@@ -47,6 +48,7 @@ SEMANTIC_422 = (
     "POST /v1/tasks/{task_id}/approvals/{call_id}",
     "POST /v1/schedules",  # a submission as above, and a cron expression croniter accepts
     "PUT /v1/admin/concurrency/{kind}/{name}",  # a limit valid for its kind
+    "POST /v1/tasks/{task_id}/fork",  # a submission as above, from a committed step
 )
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis's default
 # Invalid data must be refused: schemathesis's default statuses for that, and a body or header
@@ -134,7 +136,7 @@ def test_every_operation_passes_every_check(
             if failure:
                 failures.append(failure)
     assert not failures, "\n\n".join(failures)
-    assert len(seen) == 38, sorted(seen)
+    assert len(seen) == 39, sorted(seen)
     # The key was taken: every authenticated operation got past authentication at least once.
     assert [label for label, statuses in seen.items() if statuses <= {401}] == []
     assert {200, 422} <= seen["GET /v1/tasks/{task_id}/events"]
