@@ -145,10 +145,10 @@ def _celery_samples(env: dict[str, str], model: ModelServer, *, samples: int) ->
     with Child(*argv, env=env | {"RATCHET_QUEUE_NAME": queue}):
         from benchmarks.servers.celery_call import call
 
-        call.apply_async(args=["warm-up"], queue=queue).get(timeout=60)
+        call.apply_async(args=("warm-up",), queue=queue).get(timeout=60)
         for number in range(-3, samples):
             text = f"latency-{uuid.uuid4().hex}"
-            result = call.apply_async(args=[text], queue=queue)
+            result = call.apply_async(args=(text,), queue=queue)
             sent = time.time()
             result.get(timeout=30)
             finished = time.time()

@@ -50,6 +50,7 @@ class Dispatcher:
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{id(self):x}"
         self.lead_name = f"{LEAD}:{self.settings.queue_name}"
         self.rotation = admission.Rotation()
+        self.gate = gate.Gatekeeper()
         self.ttl_ms = int(self.settings.sweep_interval_seconds * 1000)
         self._renewed = 0.0  # when this process last renewed its lead (monotonic)
         self._capacity: tuple[float, int] | None = None
@@ -75,7 +76,7 @@ class Dispatcher:
         """Give the lead up (if held), so that another process takes it at once."""
         if self._renewed:
             self._renewed = 0.0
-            gate.close_gate()  # no leader to keep the gate: through the backlog till the next
+            self.gate.close()  # no leader to keep the gate: through the backlog till the next
             try:
                 with transaction() as session:
                     lead.release(session, self.lead_name, self.owner)
@@ -146,6 +147,7 @@ class Dispatcher:
             self._schedules_checked = now
             self.fire_schedules()
         slots = self.slots()
+        unseen = self.gate.close()  # what went direct lately may not be committed yet
         with transaction() as session:
             lead.lock_round(session)
             found = admission.admission_round(
@@ -156,13 +158,12 @@ class Dispatcher:
                 fair=self.settings.fair_scheduling,
                 rotation=self.rotation,
                 share=self.share(slots) if self.neighbours(session) else None,
+                gate_share=self.share(slots),
+                unseen=unseen,
             )
         # One not sent is admitted with no message: the sweeper sends it one after its grace.
         after_commit(Effects(steps=tuple(found.admitted)))
-        if found.spare:
-            gate.open_gate(found.spare)  # so many may skip the backlog: nothing waits
-        else:
-            gate.close_gate()
+        self.gate.open(found.spare)  # so many may skip the backlog: nothing waits
         self.admitted += len(found.admitted)
         return found
 

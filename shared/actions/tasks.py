@@ -45,6 +45,7 @@ def submit(
 
     One session, and (an uncapped tenant, no key) one statement in autocommit: this is the
     API's hot path."""
+    admitted = False
     with get_sessionmaker()() as session:
         try:
             with session.begin():
@@ -76,6 +77,9 @@ def submit(
             if existing is None:
                 raise Conflict("a request with this Idempotency-Key is in progress") from None
             return Submitted(_replay(existing, request_hash), created=False)
+        finally:
+            if admitted:  # the slot it took from the gate: committed, or not at all
+                gate.land_slot()
 
 
 def _submitted(logged: tasks.Logged, admitted: bool) -> Effects:

@@ -218,13 +218,24 @@ def admission_round(
     fair: bool,
     rotation: Rotation,
     share: int | None = None,
+    gate_share: int | None = None,
+    unseen: int = 0,
 ) -> Round:
     """One round: count what is admitted, read what is due, choose, admit (not committed).
     ``share``: the most a tenant with no ``max_running`` of its own may hold (None: no
-    default share)."""
+    default share). ``gate_share``: the same for the slots the round leaves to the gate,
+    which a tenant's submissions may take before another tenant has anything to be counted
+    (a lone tenant has the whole fleet through the rounds, but only its share directly).
+    ``unseen``: tasks admitted by their own INSERTs lately (the direct path), which this
+    round may not see yet: held back from the fleet's room and the broker's window, and
+    counted as any one tenant's against its share."""
     scan_index_entries(session)  # the admitted tasks' index churns
     use = in_use(session, limits)
-    budget = min(capacity - use.total, window - use.in_queue)
+    budget = min(capacity - use.total, window - use.in_queue) - unseen
+    if share is not None:
+        share = max(0, share - unseen)
+    if gate_share is not None:
+        gate_share = max(0, gate_share - unseen)
     if budget <= 0:
         return Round([], waiting=True)
     per_tenant = rotation.per_tenant(budget) if fair else budget
@@ -239,7 +250,7 @@ def admission_round(
     capped = any(n >= per_tenant for n in read.values())
     more = capped and len(admitted) < budget and len(picked) == len(found)
     unread = capped if fair else len(found) >= per_tenant  # maybe more due than was read
-    spare = 0 if unread else _within_share(budget - len(picked), limits, use, share=share)
+    spare = 0 if unread else _within_share(budget - len(picked), limits, use, share=gate_share)
     return Round(admitted, waiting=len(found) > len(admitted), more=more, spare=spare)
 
 

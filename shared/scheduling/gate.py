@@ -46,26 +46,50 @@ def _key() -> str:
     return DISPATCH_GATE_PREFIX + get_settings().queue_name
 
 
-def open_gate(slots: int) -> None:
-    """A round left nothing due waiting, and ``slots`` to spare: let so many in directly."""
-    global _closed_until  # noqa: PLW0603 - one answer remembered per process
-    if not get_settings().direct_admission or slots <= 0:
-        close_gate()
-        return
-    get_transport().open_gate(_key(), slots, ttl_seconds=GATE_SECONDS)
-    _closed_until = 0.0  # this process opened it: its submissions need not wait to ask
+class Gatekeeper:
+    """The dispatcher's side of the gate: closed while a round counts and admits, then opened
+    with the slots the round left spare.
 
+    A round counts what is admitted from the database, but a submission takes its slot before
+    its INSERT commits: a round that read in between would see the slot as free and offer it
+    again (through the gate, or to a task in the backlog), so that a flood of one tenant's
+    submissions could take the fleet past its default share. So a submission lands its slot
+    once its INSERT has committed (or failed), and a round begins by closing the gate and
+    reading, in the same step, how many slots are taken and not landed
+    (``Transport.reset_gate``): read before the round's own reads, that count holds every
+    direct task the round cannot see (one that commits in between is counted twice, and the
+    round admits one less), and the round holds so many back, from the fleet's room and
+    from every tenant's share."""
 
-def close_gate() -> None:
-    """Work waits for room (or no dispatcher leads here any more): all through the backlog.
-    Nothing to do with direct admission off (a gate left open then closes by itself)."""
-    if get_settings().direct_admission:
-        get_transport().close_gate(_key())
+    def __init__(self) -> None:
+        self._open = False  # whether the gate was opened after the last round
+        self._flying = 0  # slots taken and not landed, when last read
+
+    def close(self) -> int:
+        """Close the gate (a round begins, or the lead is given up); returns the slots taken
+        from it and not landed, which a round holds back."""
+        if not get_settings().direct_admission:
+            return 0
+        if self._open or self._flying:  # else closed since a round that found none flying
+            self._flying = get_transport().reset_gate(_key(), 0, ttl_seconds=GATE_SECONDS)
+            self._open = False
+        return self._flying
+
+    def open(self, slots: int) -> None:
+        """A round left nothing due waiting, and ``slots`` to spare (the slots in flight held
+        back already): let so many in directly."""
+        global _closed_until  # noqa: PLW0603 - one answer remembered per process
+        if not get_settings().direct_admission or slots <= 0:
+            return
+        get_transport().reset_gate(_key(), slots, ttl_seconds=GATE_SECONDS)
+        self._open = True
+        _closed_until = 0.0  # this process opened it: its submissions need not wait to ask
 
 
 def take_slot() -> bool:
-    """Whether a submission due now may be admitted directly: takes one of the gate's slots.
-    Never raises."""
+    """Whether a submission due now may be admitted directly: takes one of the gate's slots,
+    which the caller lands (:func:`land_slot`) once its INSERT has committed or failed. Never
+    raises."""
     global _closed_until  # noqa: PLW0603
     if not get_settings().direct_admission:
         return False
@@ -76,3 +100,9 @@ def take_slot() -> bool:
     if not taken:
         _closed_until = now + CLOSED_RECHECK_SECONDS
     return taken
+
+
+def land_slot() -> None:
+    """A slot taken by :func:`take_slot` has landed: its task's INSERT committed (the rounds
+    now count it) or failed. Never raises."""
+    get_transport().land_gate_slot(_key())

@@ -17,6 +17,9 @@ from shared.ratelimit.buckets import Limiter
 from shared.settings import Settings
 
 Listener = Callable[[str], None]
+# A slot taken from the gate and never landed (its process died between) counts as in flight
+# until no slot has been taken for this long.
+GATE_LANDING_SECONDS = 5.0
 
 
 class TransportUnavailable(RatchetError):
@@ -118,16 +121,22 @@ class Transport(ABC):
         """The live view of the fleet that takes from the queue ``name``."""
 
     @abstractmethod
-    def open_gate(self, key: str, slots: int, *, ttl_seconds: float) -> None:
-        """Let ``slots`` submissions take a slot of the gate ``key`` until it closes by
-        itself, ``ttl_seconds`` from now."""
-
-    @abstractmethod
-    def close_gate(self, key: str) -> None: ...
+    def reset_gate(self, key: str, slots: int, *, ttl_seconds: float) -> int:
+        """Let ``slots`` submissions take a slot of the gate ``key`` (0 closes it) until it
+        closes by itself, ``ttl_seconds`` from now; returns how many slots taken from it have
+        not landed yet (:meth:`land_gate_slot`). Never raises: no answer is 0 (with no
+        answer, no slot is taken either)."""
 
     @abstractmethod
     def take_gate_slot(self, key: str) -> bool:
-        """Take one of the gate's slots, if it has one left; no answer is a no."""
+        """Take one of the gate's slots, if it has one left; no answer is a no. A slot taken
+        is in flight until :meth:`land_gate_slot` (or, for a process that died first, until
+        ``GATE_LANDING_SECONDS`` pass with no slot taken)."""
+
+    @abstractmethod
+    def land_gate_slot(self, key: str) -> None:
+        """A slot taken from the gate ``key`` has landed: its task's INSERT committed, or
+        failed. Never raises."""
 
     @abstractmethod
     def limiter(self) -> Limiter:

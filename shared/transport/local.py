@@ -17,7 +17,7 @@ from kombu.exceptions import ChannelError
 from shared.queue import get_celery
 from shared.ratelimit.in_process import LocalLimiter
 from shared.settings import Settings
-from shared.transport.base import Following, Listener, Transport
+from shared.transport.base import GATE_LANDING_SECONDS, Following, Listener, Transport
 
 
 class Listeners:
@@ -117,6 +117,7 @@ class LocalTransport(Transport):
         self._lock = threading.Lock()
         self._presences: dict[str, LocalPresence] = {}
         self._gates: dict[str, tuple[int, float]] = {}  # key → (slots, monotonic closing time)
+        self._in_flight: dict[str, tuple[int, float]] = {}  # key → (slots taken, not landed; until)
         self._limiter = LocalLimiter()
 
     def broker_options(self, settings: Settings) -> dict[str, float]:
@@ -163,21 +164,35 @@ class LocalTransport(Transport):
         with self._lock:
             return self._presences.setdefault(name, LocalPresence())
 
-    def open_gate(self, key: str, slots: int, *, ttl_seconds: float) -> None:
+    def reset_gate(self, key: str, slots: int, *, ttl_seconds: float) -> int:
+        now = time.monotonic()
         with self._lock:
-            self._gates[key] = (slots, time.monotonic() + ttl_seconds)
-
-    def close_gate(self, key: str) -> None:
-        with self._lock:
-            self._gates.pop(key, None)
+            if slots > 0:
+                self._gates[key] = (slots, now + ttl_seconds)
+            else:
+                self._gates.pop(key, None)
+            return self._flying(key, now)
 
     def take_gate_slot(self, key: str) -> bool:
+        now = time.monotonic()
         with self._lock:
             slots, until = self._gates.get(key, (0, 0.0))
-            if slots <= 0 or until <= time.monotonic():
+            if slots <= 0 or until <= now:
                 return False
             self._gates[key] = (slots - 1, until)
+            self._in_flight[key] = (self._flying(key, now) + 1, now + GATE_LANDING_SECONDS)
             return True
+
+    def land_gate_slot(self, key: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            flying = self._flying(key, now)
+            if flying > 0:
+                self._in_flight[key] = (flying - 1, self._in_flight[key][1])
+
+    def _flying(self, key: str, now: float) -> int:
+        count, until = self._in_flight.get(key, (0, 0.0))
+        return count if until > now else 0
 
     def limiter(self) -> LocalLimiter:
         return self._limiter

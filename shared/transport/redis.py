@@ -42,7 +42,13 @@ from shared.constants import (
 )
 from shared.ratelimit.limiter import RedisLimiter
 from shared.settings import Settings
-from shared.transport.base import Following, Listener, Transport, TransportUnavailable
+from shared.transport.base import (
+    GATE_LANDING_SECONDS,
+    Following,
+    Listener,
+    Transport,
+    TransportUnavailable,
+)
 
 log = logging.getLogger("ratchet.transport")
 
@@ -62,14 +68,36 @@ BATCH_MAX = 500  # wake-ups in one pipeline, at most
 # Pipelines that may start within any window: a burst goes out at once, a stream gathers.
 PIPELINES_PER_WINDOW = 4
 PIPELINE_WINDOW_SECONDS = 0.02
+IN_FLIGHT_SUFFIX = ":in-flight"  # the gate's key and this: its slots taken, not landed
 FORGET_AFTER_SECONDS = 600  # a process silent this long leaves the live view's index too
 
-# KEYS: the gate. Takes one of its slots, if it has one left (DECR keeps the key's expiry).
+# KEYS: the gate, its slots in flight; ARGV: the slots, the gate's life and the in-flight
+# count's, in ms. Opens (or closes) the gate; answers the slots in flight.
+_RESET = """
+local slots = tonumber(ARGV[1])
+if slots > 0 then
+  redis.call('SET', KEYS[1], slots, 'PX', ARGV[2])
+else
+  redis.call('DEL', KEYS[1])
+end
+return tonumber(redis.call('GET', KEYS[2]) or '0')
+"""
+# KEYS: the gate, its slots in flight; ARGV: the in-flight count's life in ms. Takes one of the
+# gate's slots, if it has one left (DECR keeps the key's expiry), and counts it in flight.
 _TAKE = """
 local left = tonumber(redis.call('GET', KEYS[1]) or '0')
 if left <= 0 then return 0 end
 redis.call('DECR', KEYS[1])
+redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1
+"""
+# KEYS: the gate's slots in flight. One has landed (never below 0: a count that expired first
+# is not brought back).
+_LAND = """
+local flying = tonumber(redis.call('GET', KEYS[1]) or '0')
+if flying > 0 then redis.call('DECR', KEYS[1]) end
+return 0
 """
 
 
@@ -322,6 +350,8 @@ class RedisTransport(Transport):
         self._client = command_client(redis_url)
         self._broker = command_client(broker_url) if broker_url is not None else None
         self._take = self._broker.register_script(_TAKE) if self._broker is not None else None
+        self._reset = self._broker.register_script(_RESET) if self._broker is not None else None
+        self._land = self._broker.register_script(_LAND) if self._broker is not None else None
         self._limiter = RedisLimiter(self._client)
         self._publisher: tuple[int, Publisher] | None = None  # by process: threads die in a fork
         self._lock = threading.Lock()
@@ -392,30 +422,38 @@ class RedisTransport(Transport):
             found = self._presences.setdefault(name, RedisPresence(self._client, name))
         return found
 
-    def open_gate(self, key: str, slots: int, *, ttl_seconds: float) -> None:
-        if self._broker is None:
-            return  # another broker has no gate: everything goes through the backlog
+    def reset_gate(self, key: str, slots: int, *, ttl_seconds: float) -> int:
+        if self._broker is None or self._reset is None:
+            return 0  # another broker has no gate: everything goes through the backlog
+        life_ms = max(1, int(ttl_seconds * 1000))
         try:
-            self._broker.set(key, slots, px=int(ttl_seconds * 1000))
+            flying = self._reset(
+                keys=[key, key + IN_FLIGHT_SUFFIX], args=[slots, life_ms], client=self._broker
+            )
         except redis.RedisError:
-            log.debug("the gate was not opened", exc_info=True)
-
-    def close_gate(self, key: str) -> None:
-        if self._broker is None:
-            return
-        try:
-            self._broker.delete(key)
-        except redis.RedisError:
-            log.debug("the gate was not closed; it closes by itself", exc_info=True)
+            log.debug("the gate was not reset; it closes by itself", exc_info=True)
+            return 0
+        return int(flying)
 
     def take_gate_slot(self, key: str) -> bool:
         if self._broker is None or self._take is None:
             return False
+        life_ms = int(GATE_LANDING_SECONDS * 1000)
         try:
-            return bool(self._take(keys=[key], client=self._broker))
+            return bool(
+                self._take(keys=[key, key + IN_FLIGHT_SUFFIX], args=[life_ms], client=self._broker)
+            )
         except redis.RedisError:
             log.debug("the gate could not be read; through the backlog", exc_info=True)
             return False
+
+    def land_gate_slot(self, key: str) -> None:
+        if self._broker is None or self._land is None:
+            return
+        try:
+            self._land(keys=[key + IN_FLIGHT_SUFFIX], client=self._broker)
+        except redis.RedisError:
+            log.debug("a gate slot's landing was not counted; it expires", exc_info=True)
 
     def limiter(self) -> RedisLimiter:
         return self._limiter

@@ -133,6 +133,22 @@ def test_a_lone_tenant_has_the_whole_fleet_until_a_neighbour_comes(
         assert len(admitted(alone)) == 4
 
 
+@pytest.mark.backends("sqlite")  # a database of its own: no other test's tenants in it
+def test_a_lone_tenants_gate_holds_only_its_share_so_a_neighbour_finds_room(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    """A lone tenant has the whole fleet through the rounds, but only its share directly: a
+    gate opened before a neighbour came must not let its flood take the fleet."""
+    alone = make_tenant()
+    with leading(dispatch_capacity=8) as dispatcher:
+        assert dispatcher.round().spare == 4
+        make_tenant()  # a neighbour, before the next round
+        flood = [submit(client, alone) for _ in range(6)]
+        assert sum(admitted_at_insert(t) for t in flood) == 4
+        assert dispatcher.round().admitted == []  # and the round keeps its share
+        assert len(admitted(alone)) == 4
+
+
 @pytest.mark.backends("postgresql", "sqlite")
 def test_the_gate_never_lets_a_tenant_past_its_share(
     client: TestClient, make_tenant: Callable[..., TenantHandle]

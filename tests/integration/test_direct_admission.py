@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from shared.ops.fleet import get_fleet
 from shared.queue import get_celery
-from shared.scheduling import admission, concurrency
+from shared.scheduling import admission, concurrency, gate
 from shared.settings import get_settings
 from shared.store.db import transaction
 from shared.store.tables import Task
@@ -127,7 +127,8 @@ def test_work_left_waiting_for_room_closes_the_gate_so_nothing_overtakes_it(
 def test_the_gate_lets_in_as_many_as_the_round_left_room_for(
     client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
 ) -> None:
-    with leading(dispatch_window=3) as dispatcher:
+    # No default share: the window alone bounds the gate.
+    with leading(dispatch_window=3, tenant_default_share="1") as dispatcher:
         spare = dispatcher.round().spare
         assert 1 <= spare <= 3  # the window's room
         direct = [submit(client, tenant) for _ in range(spare)]
@@ -139,6 +140,29 @@ def test_the_gate_lets_in_as_many_as_the_round_left_room_for(
         for task in direct:
             assert drive(task) == "succeeded"
         assert dispatcher.round().admitted == [(late, 1)]
+
+
+def test_slots_taken_before_their_tasks_commit_are_not_offered_again(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    """A submission takes its slot before its INSERT commits: a round in between sees the slot
+    free, and must offer it to nobody else (a flood could then take the fleet)."""
+    # No default share: the window alone bounds the gate.
+    with leading(dispatch_window=3, tenant_default_share="1") as dispatcher:
+        spare = dispatcher.round().spare
+        assert spare >= 1
+        for _ in range(spare):  # taken, as submissions take them; no INSERT has committed
+            assert gate.take_slot()
+        waiting = submit(client, tenant)  # the gate has no slot left: to the backlog
+        # The database shows the same room as before, but what is in flight is held back:
+        # the round admits nothing, and the gate stays closed.
+        found = dispatcher.round()
+        assert found.admitted == []
+        assert not found.spare
+        assert not gate.take_slot()
+        for _ in range(spare):  # they land (here: their submissions failed)
+            gate.land_slot()
+        assert [task for task, _ in dispatcher.round().admitted] == [waiting]
 
 
 def test_without_a_leader_or_when_turned_off_every_task_goes_through_the_backlog(

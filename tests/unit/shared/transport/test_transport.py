@@ -49,19 +49,22 @@ def test_a_broker_other_than_redis_is_not_looked_into_and_has_no_gate() -> None:
     assert isinstance(transport, RedisTransport)
     assert transport.queue_depth("q") is None
     assert transport.oldest_message("q") is None
-    transport.open_gate("gate", 5, ttl_seconds=60)
+    assert transport.reset_gate("gate", 5, ttl_seconds=60) == 0
     assert not transport.take_gate_slot("gate")
 
 
 def test_the_local_gate_lets_in_its_slots_until_it_closes() -> None:
     transport = LocalTransport()
     assert not transport.take_gate_slot("gate")  # never opened
-    transport.open_gate("gate", 2, ttl_seconds=60)
+    assert transport.reset_gate("gate", 2, ttl_seconds=60) == 0
     assert [transport.take_gate_slot("gate") for _ in range(3)] == [True, True, False]
-    transport.open_gate("gate", 2, ttl_seconds=60)
-    transport.close_gate("gate")
+    assert transport.reset_gate("gate", 2, ttl_seconds=60) == 2  # taken, not landed
+    transport.land_gate_slot("gate")
+    assert transport.reset_gate("gate", 0, ttl_seconds=60) == 1  # closed
     assert not transport.take_gate_slot("gate")
-    transport.open_gate("gate", 2, ttl_seconds=0.01)
+    for _ in range(3):  # never below none
+        transport.land_gate_slot("gate")
+    assert transport.reset_gate("gate", 2, ttl_seconds=0.01) == 0
     time.sleep(0.02)
     assert not transport.take_gate_slot("gate")  # closed by itself
 
