@@ -107,6 +107,11 @@ class TaskView(BaseModel):
     run_at: datetime | None = None
     schedule_id: str | None = None
     metadata: dict[str, Any]
+    agent_version: str | None = Field(
+        None,
+        description="the agent version the task runs (GET /v1/agents/{agent}/versions/{id}), "
+        "pinned when it was submitted; null for a task from before versions were pinned",
+    )
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -191,6 +196,8 @@ class TaskState(UsageRow, Protocol):
     def schedule_id(self) -> str | None: ...
     @property
     def output_schema(self) -> dict[str, Any] | None: ...
+    @property
+    def agent_version(self) -> str | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -220,6 +227,7 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         run_at=aware(task.run_at),
         schedule_id=task.schedule_id,
         metadata=task.meta,
+        agent_version=task.agent_version,
     )
 
 

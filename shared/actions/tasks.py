@@ -5,12 +5,13 @@ it has committed (``effects.after_commit``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from shared.actions.effects import NONE, Effects, of_task
+from shared.agents import versions
 from shared.errors import Conflict, IdempotencyMismatch
 from shared.scheduling import caps, concurrency, gate
 from shared.store import tasks
@@ -58,6 +59,9 @@ def submit(
                 if existing:
                     return Submitted(_replay(existing, request_hash), created=False)
                 caps.check(session, tenant_id, tenant_name)
+                # The agent as this process defines it now is what the task runs, whatever
+                # deploy the worker that runs it has (its row written once per process).
+                spec = replace(spec, agent_version=versions.current_version(session, spec.agent))
                 admitted = direct(session, tenant_name, spec)
                 logged = tasks.create_task(
                     session,

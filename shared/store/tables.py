@@ -184,6 +184,12 @@ class Task(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
 
+    # The agent version it runs (``agent_versions.id``), pinned at submission; NULL for a task
+    # older than pinning, which runs its agent as the live registry has it. No foreign key: a
+    # key's check would lock the version's row for every insert of a task, and every task of
+    # an agent shares it; the version row is committed before any task names it.
+    agent_version: Mapped[str | None] = mapped_column(String(64))
+
 
 def runnable() -> ColumnElement[bool]:
     """``tasks.status IN ('queued', 'running')`` with the values written into the SQL, not
@@ -424,3 +430,18 @@ class Leader(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     owner: Mapped[str] = mapped_column(String(200))
     expires_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class AgentVersion(Base):
+    """An agent's definition as tasks ran it (system prompt, tools with their descriptions,
+    schemas and metadata, limits), content-addressed: ``id`` is the SHA-256 of its canonical
+    JSON (``shared.agents.versions``), so the same definition is one row however often it is
+    submitted, and a row never changes."""
+
+    __tablename__ = "agent_versions"
+    __table_args__ = (Index("ix_agent_versions_agent_created", "agent", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent: Mapped[str] = mapped_column(String(100))
+    definition: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)  # first submitted

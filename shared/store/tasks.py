@@ -65,6 +65,7 @@ class NewTask:
     schedule_id: str | None = None
     output_schema: dict[str, Any] | None = None  # the JSON Schema the final answer must meet
     context: dict[str, Any] | None = None  # the context-window policy (shared.context_window)
+    agent_version: str | None = None  # pinned by the action that creates it (its row written)
 
 
 def create_task(
@@ -100,6 +101,7 @@ def create_task(
         schedule_id=spec.schedule_id,
         output_schema=spec.output_schema,
         context=spec.context,
+        agent_version=spec.agent_version,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from shared.agents import versions
 from shared.agents.registry import Agent, Tool, get_agent, get_registry
 from shared.context_window import Policy, policy_of
 from shared.mcp.names import is_mcp_name
@@ -73,7 +74,7 @@ def load_context(session: Session, lease: Lease) -> Context:
     assert task is not None
     fresh = lease.fresh  # never ran: a retried task (attempt 1 again) has rows to resume
     steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
-    agent = get_agent(task.agent)
+    agent = task_agent(task, session)
     summary = None if fresh else latest_summary(session, task)
     after = summary.through_step if summary is not None else 0
     done = [s for s in steps if after < s.number < lease.step]
@@ -82,7 +83,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         lease=lease,
         task=task,
         agent=agent,
-        tools=task_tools(task, mcp=False),  # MCP tools: after the transaction, see runner
+        tools=task_tools(task, mcp=False, session=session),  # MCP: after the transaction
         history=open_conversation(task, agent)
         + summary_messages(summary)
         + step_messages(done, calls),
@@ -101,7 +102,7 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
     return Context(
         lease=lease,
         task=task,
-        agent=get_agent(task.agent),
+        agent=task_agent(task),
         tools=task_tools(task, mcp=False),  # MCP tools: under the step's heartbeat
         history=history,
         step_row=None,
@@ -111,13 +112,55 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
     )
 
 
-def task_tools(task: TaskState, *, mcp: bool = True) -> dict[str, Tool]:
-    """The task's tools by name: Python tools, and its MCP servers' tools as this process last
-    listed them (``<server>.*`` expanded; see shared.mcp.catalog). Listing a server may start
-    it, which takes seconds: inside a transaction, ``mcp=False`` leaves them out, and the
-    caller adds them once it has committed (see ``with_mcp_tools``)."""
+# --- the agent and tools a step runs: its pinned version's (shared.agents.versions) ------------
+
+
+def task_agent(task: TaskState, session: Session | None = None) -> Agent:
+    """The task's agent as its pinned version defines it (what a step reads of it: the system
+    prompt); the live registry's for a task from before pinning."""
+    pinned = _pinned(task, session)
+    return get_agent(task.agent) if pinned is None else pinned.pinned_agent
+
+
+def python_tools(task: TaskState, session: Session | None = None) -> dict[str, Tool]:
+    """The task's Python tools by name, as its pinned version defines them: this deployment's
+    code with the version's descriptions, schemas and behaviour, and a tool the deployment
+    lacks refusing each call with a message that says so (``versions.pinned_tools``)."""
+    pinned = _pinned(task, session)
+    if pinned is not None:
+        return versions.pinned_tools(pinned, task.tools)
     registry = get_registry()
-    tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
+    return {name: registry.tools[name] for name in task.tools if name in registry.tools}
+
+
+def _pinned(task: TaskState, session: Session | None) -> versions.Version | None:
+    """The task's pinned version, or None where the live registry's agent is that version (no
+    deploy changed it since the submission: nothing to read) or the task has none. A version
+    is read once per process, in ``session`` if the caller holds one (see ``tenant_name``)."""
+    if task.agent_version is None:
+        return None
+    live = get_registry().agents.get(task.agent)
+    if live is not None and versions.version_of(live).id == task.agent_version:
+        return None
+    found = versions.cached_version(task.agent_version)
+    if found is not None:
+        return found
+    with nullcontext(session) if session is not None else write_session() as reader:
+        return versions.load_version(task.agent_version, reader)
+
+
+# --- end of the pinned agent and tools ---------------------------------------------------------
+
+
+def task_tools(
+    task: TaskState, *, mcp: bool = True, session: Session | None = None
+) -> dict[str, Tool]:
+    """The task's tools by name: Python tools (``python_tools``), and its MCP servers' tools
+    as this process last listed them (``<server>.*`` expanded; see shared.mcp.catalog).
+    Listing a server may start it, which takes seconds: inside a transaction, ``mcp=False``
+    leaves them out, and the caller adds them once it has committed (see
+    ``with_mcp_tools``)."""
+    tools = python_tools(task, session)
     if mcp and any(is_mcp_name(name) for name in task.tools):
         from shared.mcp import catalog  # the MCP SDK loads only where a task names a server
 
