@@ -272,3 +272,20 @@ def test_the_versions_of_an_agent_newest_first(
     bad = client.get(url, params={"cursor": "bm90IGEgY3Vyc29y"}, headers=tenant.headers)
     assert bad.status_code == 422
     assert [e["field"] for e in bad.json()["errors"]] == ["cursor"]
+
+
+@pytest.mark.backends("postgresql", "sqlite")
+def test_the_task_page_shows_the_version(
+    client: TestClient,
+    make_tenant: Callable[..., TenantHandle],
+    registry: Callable[..., str],
+) -> None:
+    from shared.store.tenants import ADMIN, TENANT_SCOPES
+    from tests.integration.test_dashboard import login
+
+    admin = make_tenant((*TENANT_SCOPES, ADMIN))
+    task = _submit(client, admin, registry("Prompt."), model="scripted")
+    login(client, admin.key)
+    page = client.get(f"/dashboard/tasks/{task['id']}")
+    assert page.status_code == 200
+    assert f">{task['agent_version'][:12]}</code>" in page.text

@@ -74,7 +74,7 @@ def load_context(session: Session, lease: Lease) -> Context:
     assert task is not None
     fresh = lease.fresh  # never ran: a retried task (attempt 1 again) has rows to resume
     steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
-    agent = task_agent(task, session)
+    agent, tools = agent_and_tools(task, session)  # MCP tools: after the transaction
     summary = None if fresh else latest_summary(session, task)
     after = summary.through_step if summary is not None else 0
     done = [s for s in steps if after < s.number < lease.step]
@@ -83,7 +83,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         lease=lease,
         task=task,
         agent=agent,
-        tools=task_tools(task, mcp=False, session=session),  # MCP: after the transaction
+        tools=tools,
         history=open_conversation(task, agent)
         + summary_messages(summary)
         + step_messages(done, calls),
@@ -99,11 +99,12 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
     has no rows yet, and the conversation before it was carried over."""
     task = lease.task
     assert task is not None
+    agent, tools = agent_and_tools(task)  # MCP tools: under the step's heartbeat
     return Context(
         lease=lease,
         task=task,
-        agent=task_agent(task),
-        tools=task_tools(task, mcp=False),  # MCP tools: under the step's heartbeat
+        agent=agent,
+        tools=tools,
         history=history,
         step_row=None,
         calls={},
@@ -115,20 +116,27 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
 # --- the agent and tools a step runs: its pinned version's (shared.agents.versions) ------------
 
 
-def task_agent(task: TaskState, session: Session | None = None) -> Agent:
-    """The task's agent as its pinned version defines it (what a step reads of it: the system
-    prompt); the live registry's for a task from before pinning."""
+def agent_and_tools(
+    task: TaskState, session: Session | None = None
+) -> tuple[Agent, dict[str, Tool]]:
+    """The task's agent (what a step reads of it: the system prompt) and Python tools by name,
+    as its pinned version defines them: this deployment's code with the version's
+    descriptions, schemas and behaviour, a tool the deployment lacks refusing each call with
+    a message that says so (``versions.pinned_tools``). A task from before pinning runs the
+    live registry's."""
     pinned = _pinned(task, session)
-    return get_agent(task.agent) if pinned is None else pinned.pinned_agent
+    if pinned is None:
+        return get_agent(task.agent), _live_tools(task)
+    return pinned.pinned_agent, versions.pinned_tools(pinned, task.tools)
 
 
 def python_tools(task: TaskState, session: Session | None = None) -> dict[str, Tool]:
-    """The task's Python tools by name, as its pinned version defines them: this deployment's
-    code with the version's descriptions, schemas and behaviour, and a tool the deployment
-    lacks refusing each call with a message that says so (``versions.pinned_tools``)."""
+    """The task's Python tools by name (see ``agent_and_tools``)."""
     pinned = _pinned(task, session)
-    if pinned is not None:
-        return versions.pinned_tools(pinned, task.tools)
+    return _live_tools(task) if pinned is None else versions.pinned_tools(pinned, task.tools)
+
+
+def _live_tools(task: TaskState) -> dict[str, Tool]:
     registry = get_registry()
     return {name: registry.tools[name] for name in task.tools if name in registry.tools}
 
