@@ -5,7 +5,7 @@ it has committed (``effects.after_commit``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -59,9 +59,8 @@ def submit(
                 if existing:
                     return Submitted(_replay(existing, request_hash), created=False)
                 caps.check(session, tenant_id, tenant_name)
-                # The agent as this process defines it now is what the task runs, whatever
-                # deploy the worker that runs it has (its row written once per process).
-                spec = replace(spec, agent_version=versions.current_version(session, spec.agent))
+                if spec.agent_version is not None:  # its row, once per process and version
+                    versions.record(session, spec.agent_version)
                 admitted = direct(session, tenant_name, spec)
                 logged = tasks.create_task(
                     session,

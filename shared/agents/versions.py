@@ -30,10 +30,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import event
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, SessionTransaction
 
 from shared.agents.registry import Agent, Tool, get_agent, get_registry
@@ -135,9 +136,9 @@ def _same_objects(before: tuple[Tool | None, ...], now: tuple[Tool | None, ...])
 
 # --- writing versions --------------------------------------------------------------------------
 
-# (database, version id) of the versions this process knows are committed. Keyed by the
-# database too: a process (a test run) may move from one database to another.
-_written: set[tuple[URL, str]] = set()
+# By database (an engine: a process, a test run, may move from one database to another; an
+# engine dropped takes its entry along): the versions this process knows are committed there.
+_written: WeakKeyDictionary[Engine, set[str]] = WeakKeyDictionary()
 _PENDING = "ratchet.agent_versions.pending"
 _lock = threading.Lock()
 
@@ -145,19 +146,22 @@ _lock = threading.Lock()
 def current_version(session: Session, agent: str) -> str:
     """The id of ``agent``'s current version (the live registry's), its row written in
     ``session``'s transaction unless this process knows it is there. What a new task (a
-    submission, a schedule's tick, a thread's turn) runs. NotFound for an unknown agent."""
+    schedule's tick, a thread's turn) runs. NotFound for an unknown agent."""
     version = version_of(get_agent(agent))
-    record(session, version)
+    record(session, version.id)
     return version.id
 
 
-def record(session: Session, version: Version) -> None:
-    """Write ``version``'s row unless it is there (insert-if-absent), in ``session``'s
-    transaction. The process remembers it as written only once that transaction commits, so
-    a rolled-back one never leaves a task pointing at a version no row holds."""
-    key = (session.get_bind().engine.url, version.id)
-    if key in _written:
+def record(session: Session, version_id: str) -> None:
+    """Write the row of version ``version_id`` (one this process computed: ``version_of``)
+    unless it is there (insert-if-absent), in ``session``'s transaction. The process
+    remembers it as written only once that transaction commits, so a rolled-back one never
+    leaves a task naming a version no row holds. In the steady state: two lookups."""
+    engine = session.get_bind().engine
+    written = _written.get(engine)
+    if written is not None and version_id in written:
         return
+    version = _read[version_id]
     agent_versions.insert_if_absent(
         session, version_id=version.id, agent=version.agent, definition=version.definition
     )
@@ -166,14 +170,15 @@ def record(session: Session, version: Version) -> None:
         pending = session.info[_PENDING] = set()
         event.listen(session, "after_commit", _committed)
         event.listen(session, "after_transaction_end", _ended)
-    pending.add(key)
+    pending.add((engine, version_id))
 
 
 def _committed(session: Session) -> None:
     if session.in_nested_transaction():  # a savepoint's: the transaction may still roll back
         return
     with _lock:
-        _written.update(session.info.get(_PENDING, ()))
+        for engine, version_id in session.info.get(_PENDING, ()):
+            _written.setdefault(engine, set()).add(version_id)
 
 
 def _ended(session: Session, transaction: SessionTransaction) -> None:

@@ -65,7 +65,7 @@ class NewTask:
     schedule_id: str | None = None
     output_schema: dict[str, Any] | None = None  # the JSON Schema the final answer must meet
     context: dict[str, Any] | None = None  # the context-window policy (shared.context_window)
-    agent_version: str | None = None  # pinned by the action that creates it (its row written)
+    agent_version: str | None = None  # the agent version it runs (shared.agents.versions)
 
 
 def create_task(

@@ -4,6 +4,7 @@ per agent."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -289,3 +290,21 @@ def test_the_task_page_shows_the_version(
     page = client.get(f"/dashboard/tasks/{task['id']}")
     assert page.status_code == 200
     assert f">{task['agent_version'][:12]}</code>" in page.text
+
+
+def test_a_schedule_tick_runs_the_agent_as_it_is_when_the_tick_fires(
+    client: TestClient, tenant: TenantHandle, registry: Callable[..., str]
+) -> None:
+    from tests.helpers import admit
+    from tests.integration.test_scheduling import move_tick, tasks_of
+
+    agent = registry("Prompt when scheduled.")
+    body = {"name": "nightly", "cron": "0 3 * * *", "timezone": "UTC"}
+    task = {"agent": agent, "input": "go", "model": "scripted"}
+    response = client.post("/v1/schedules", json=body | {"task": task}, headers=tenant.headers)
+    assert response.status_code == 201, response.text
+    registry("Prompt when fired.")
+    move_tick(response.json()["id"], int(time.time() * 1000) - 1000)
+    admit()
+    (fired,) = tasks_of(response.json()["id"])
+    assert _version_rows(agent)[fired.agent_version]["system_prompt"] == "Prompt when fired."
