@@ -78,7 +78,8 @@ class Version:
         return Agent(
             name=self.agent,
             tools=tuple(t["name"] for t in spec["tools"]),
-            **{name: spec[name] for name in AGENT_FIELDS},
+            # A field a later release added is absent from an older row: the default's.
+            **{name: spec[name] for name in AGENT_FIELDS if name in spec},
         )
 
     @cached_property
@@ -245,12 +246,18 @@ class PinnedTool(Tool):
 def pinned_tool(code: Tool, spec: dict[str, Any]) -> PinnedTool:
     """``code`` (the live tool) described and behaving as ``spec`` says. A predicate that
     decides approval is code: the live one, or, if the tool no longer has one, always ask."""
-    behaviour = {f: spec[f] for f in TOOL_FIELDS}
-    if spec["requires_approval"] == PREDICATE:
+    behaviour = _behaviour(spec)
+    if behaviour.get("requires_approval") == PREDICATE:
         live_rule = code.requires_approval
         behaviour["requires_approval"] = live_rule if callable(live_rule) else True
     own = {f.name: getattr(code, f.name) for f in dataclasses.fields(Tool)}
     return PinnedTool(**(own | behaviour), parameters=spec["parameters"])
+
+
+def _behaviour(spec: dict[str, Any]) -> dict[str, Any]:
+    """A pinned tool's behaviour; a field a later release added is absent from an older row's
+    tools (then the deployed tool's, or the default, holds)."""
+    return {f: spec[f] for f in TOOL_FIELDS if f in spec}
 
 
 class _AnyArguments(BaseModel):
@@ -269,7 +276,7 @@ def unavailable_tool(spec: dict[str, Any]) -> PinnedTool:
             "started); the call was not run"
         )
 
-    behaviour = {f: spec[f] for f in TOOL_FIELDS} | {
+    behaviour = _behaviour(spec) | {
         "idempotent": True,
         "requires_approval": False,
     }

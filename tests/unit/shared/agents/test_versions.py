@@ -77,3 +77,17 @@ def test_a_removed_tool_refuses_every_call_and_says_why() -> None:
     assert gone.idempotent  # nothing ran: a crash leaves no unknown outcome
     with pytest.raises(ToolError, match=r"'gone' is not available in this deployment"):
         gone.invoke({"expression": "1"}, _context())
+
+
+def test_a_version_written_before_a_field_existed_still_runs() -> None:
+    """A row keeps the fields of the release that wrote it: a field added since is absent,
+    and its default (or the deployed tool's value) holds."""
+    spec = _pinned_spec()
+    del spec["max_result_chars"], spec["on_unknown_outcome"]
+    definition = {"name": "a", "system_prompt": "p", "tools": [spec]}
+    version = versions.Version("old", "a", definition)
+    assert version.pinned_agent.output_schema is None
+    assert version.pinned_agent.system_prompt == "p"
+    pinned = versions.pinned_tools(version, ["calculator"])["calculator"]
+    assert pinned.on_unknown_outcome == get_tool("calculator").on_unknown_outcome
+    assert versions.unavailable_tool(spec).max_result_chars is None
