@@ -30,7 +30,12 @@ def registry() -> Iterator[Callable[..., str]]:
     tools, agents = dict(live.tools), dict(live.agents)
     agent = f"versioned-{uuid.uuid4().hex[:8]}"
 
-    def define(prompt: str, names: tuple[str, ...] = ("lookup", "archive"), doc: str = "") -> str:
+    def define(
+        prompt: str,
+        names: tuple[str, ...] = ("lookup", "archive"),
+        doc: str = "",
+        limit: int | None = None,
+    ) -> str:
         for name in ("lookup", "archive"):
             live.tools.pop(name, None)
 
@@ -44,7 +49,7 @@ def registry() -> Iterator[Callable[..., str]]:
         archive.__doc__ = "Archive a record."
         for name, func_ in (("lookup", lookup), ("archive", archive)):
             if name in names:
-                tool(idempotent=name == "lookup", timeout=5)(func_)
+                tool(idempotent=name == "lookup", timeout=5, max_result_chars=limit)(func_)
         register_agent(Agent(name=agent, system_prompt=prompt, tools=names))
         return agent
 
@@ -141,15 +146,26 @@ def test_a_tool_still_deployed_runs_with_the_pinned_behaviour(
     drive: Callable[..., str],
     registry: Callable[..., str],
 ) -> None:
-    """The tool's code is the deployment's, and runs: a tool the deploy kept answers."""
-    agent = registry("You keep the archive.")
+    """The tool's code is the deployment's, and runs: a tool the deploy kept answers, and the
+    model reads as much of its result as the pinned version says (here: 200 characters)."""
+    agent = registry("You keep the archive.", limit=200)
     task = _submit(client, tenant, agent, tools=["lookup"])
     registry("You are a new prompt.", ("lookup",), doc="Look a key up, newly described.")
-    openai_provider.reply(tool_call("lookup", {"key": "k"}, call_id="c1"), answer("done"))
+    key = "k" * 1000
+    openai_provider.reply(
+        tool_call("lookup", {"key": key}, call_id="c1"),
+        tool_call("lookup", {"key": "short"}, call_id="c2"),
+        answer("done"),
+    )
     assert drive(task["id"]) == "succeeded"
-    first, second = openai_provider.requests
+    first, second, third = openai_provider.requests
     assert first.body["tools"][0]["function"]["description"] == "Look a key up."
-    assert second.messages[-1]["content"] == "value of k"
+    for sent in (second, third):  # every later request holds it as cut
+        cut = next(m for m in sent.messages if m.get("tool_call_id") == "c1")["content"]
+        assert cut.startswith("value of kkk")
+        assert "characters cut out here" in cut
+        assert len(cut) < 400
+    assert third.messages[-1]["content"] == "value of short"
 
 
 def test_a_task_from_before_pinning_runs_the_live_agent(

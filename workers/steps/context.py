@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +86,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         tools=tools,
         history=open_conversation(task, agent)
         + summary_messages(summary)
-        + step_messages(done, calls),
+        + step_messages(done, calls, tools=tools),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
         tenant_name=tenant_name(task.tenant_id, session),
@@ -236,8 +236,11 @@ def summary_messages(summary: Summary | None) -> list[Message]:
     ]
 
 
-def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Message]:
-    """Each step's response and its tool calls' outcomes, as the model reads them back."""
+def step_messages(
+    steps: Sequence[Step], calls: Sequence[ToolCall], *, tools: Mapping[str, Tool] | None = None
+) -> list[Message]:
+    """Each step's response and its tool calls' outcomes, as the model reads them back (each
+    result cut to its tool's limit, as ``tools``, the task's, define it)."""
     by_step: dict[int, list[ToolCall]] = defaultdict(list)
     for call in calls:
         by_step[call.step_number].append(call)
@@ -256,7 +259,7 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
                 ok=call.status == CallStatus.SUCCEEDED,
                 result=call.result,
                 error=call.error,
-                max_chars=tool_runner.result_limit(call.tool),
+                max_chars=tool_runner.result_limit(call.tool, tools),
             )
             messages.append(
                 {
@@ -292,7 +295,7 @@ def read_back(ctx: Context, response: ModelResponse) -> list[Message]:
             ok=outcome.ok,
             result=outcome.result,
             error=outcome.error,
-            max_chars=tool_runner.result_limit(call.name),
+            max_chars=tool_runner.result_limit(call.name, ctx.tools),
         )
         messages.append(
             {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
