@@ -32,8 +32,13 @@ def fork(
     another tenant's), its submission with the fork's changes checked as a submission is and
     rate-limited, then created with its inherited steps by the fork action."""
     with get_sessionmaker()() as session, session.begin():
-        inherited = submitted_as(tasks.get_task(session, tenant_id, task_id))
+        origin = tasks.get_task(session, tenant_id, task_id)
+        inherited, origin_version = submitted_as(origin), origin.agent_version
     spec = submission.resolve(_merged(inherited, body), get_settings())
+    if origin_version is not None and "tools" not in body.model_fields_set:
+        # The origin's agent as it ran (its prompt, its tools' schemas), not as this deploy
+        # has it: what the kept steps were answered under. New tools take the agent as it is.
+        spec = replace(spec, agent_version=origin_version)
     if spec.max_steps <= body.from_step:
         raise InvalidRequest(
             "max_steps",
@@ -60,8 +65,7 @@ def fork(
 def submitted_as(task: Task) -> dict[str, Any]:
     """The origin as a submission body, with what its submission resolved (its model, tools,
     limits and policies), so a fork changes only what it names. The fork runs the origin's
-    agent. Once tasks pin an agent version, this is where a fork takes its origin's version
-    (unless it changes ``tools`` or ``instructions``)."""
+    agent, at the origin's version unless it changes ``tools`` (see :func:`fork`)."""
     return {
         "agent": task.agent,
         "input": task.input,

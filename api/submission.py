@@ -17,6 +17,7 @@ from api.schemas import content
 from api.schemas.tasks import MAX_DELAY_SECONDS, TaskCreate
 from shared.actions import tasks as task_actions
 from shared.actions.tasks import Submitted
+from shared.agents import versions
 from shared.agents.registry import Agent, get_agent, get_registry
 from shared.context_window import ContextPolicy, Policy, context_window
 from shared.errors import EgressDenied, InvalidRequest, NotFound
@@ -156,6 +157,9 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         run_at_ms=_run_at_ms(body),
         output_schema=output_schema,
         context=context_policy(body, agent.context, model=model, settings=settings),
+        # The agent as this process defines it now is what the task runs, whatever deploy
+        # the workers that run it have (shared.agents.versions).
+        agent_version=versions.version_of(agent).id,
     )
 
 

@@ -122,6 +122,11 @@ class TaskView(BaseModel):
         None,
         description="a fork's origin (`POST /v1/tasks/{id}/fork`); null for a task that is no fork",
     )
+    agent_version: str | None = Field(
+        None,
+        description="the agent version the task runs (GET /v1/agents/{agent}/versions/{id}), "
+        "pinned when it was submitted; null for a task from before versions were pinned",
+    )
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -208,6 +213,8 @@ class TaskState(UsageRow, Protocol):
     def output_schema(self) -> dict[str, Any] | None: ...
     @property
     def forked_from(self) -> dict[str, Any] | None: ...
+    @property
+    def agent_version(self) -> str | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -238,6 +245,7 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         schedule_id=task.schedule_id,
         metadata=task.meta,
         forked_from=ForkOrigin.model_validate(task.forked_from) if task.forked_from else None,
+        agent_version=task.agent_version,
     )
 
 

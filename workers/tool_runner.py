@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -113,10 +114,11 @@ def message_content(
     return text if max_chars is None else cut_text(text, max_chars)
 
 
-def result_limit(tool_name: str) -> int:
+def result_limit(tool_name: str, tools: Mapping[str, Tool] | None = None) -> int:
     """The most characters of a ``tool_name`` call's result the model reads: the tool's own
-    ``max_result_chars``, else ``RATCHET_TOOL_RESULT_MAX_CHARS``."""
-    tool = get_registry().tools.get(tool_name)
+    ``max_result_chars`` (as ``tools``, a task's, define it, else the registry), else
+    ``RATCHET_TOOL_RESULT_MAX_CHARS``."""
+    tool = (tools or {}).get(tool_name) or get_registry().tools.get(tool_name)
     own = tool.max_result_chars if tool is not None else None
     return own or get_settings().tool_result_max_chars
 

@@ -1,16 +1,30 @@
-"""``/v1/agents``: the registered agents, their tools and the tools' JSON schemas."""
+"""``/v1/agents``: the registered agents, their tools and the tools' JSON schemas, and the
+versions of each agent that tasks ran (``shared.agents.versions``)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
-from api.deps import Reader
+from api.deps import Reader, SessionDep
 from api.params import cursor_after, encode_cursor
-from api.schemas.agents import AgentList, AgentOut, ToolOut
+from api.problems import responses
+from api.schemas.agents import (
+    AgentList,
+    AgentOut,
+    AgentVersionDetail,
+    AgentVersionList,
+    AgentVersionOut,
+    ToolOut,
+)
 from shared.agents.registry import Agent, Tool, get_registry
+from shared.errors import InvalidRequest, NotFound
 from shared.mcp.names import is_mcp_name
+from shared.store import agent_versions
+from shared.store.tables import AgentVersion
+from shared.views import aware
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 
@@ -67,3 +81,83 @@ def _tools_of(agent: Agent) -> list[Tool]:
 
         found = catalog.resolve(mcp, agent=agent.name, timeout=catalog.API_LIST_SECONDS)
     return [registry.tools[n] for n in agent.tools if n in registry.tools] + list(found.values())
+
+
+AgentName = Annotated[str, Path(max_length=100, description="the agent's name")]
+VERSION_RESPONSES = responses({404: "no such agent (registered, or named by a version)"})
+
+
+@router.get(
+    "/{name}/versions",
+    response_model=AgentVersionList,
+    summary="List the versions of an agent that tasks ran",
+    responses=VERSION_RESPONSES,
+)
+def list_agent_versions(
+    name: AgentName,
+    _: Reader,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+    ] = None,
+) -> AgentVersionList:
+    """The agent's versions, newest first: each definition a task was submitted with, by its
+    id, and when a task first ran it. Agents are the fleet's, not a tenant's (as in
+    ``GET /v1/agents``): every version is listed, whichever tenant's task ran it."""
+    after = _position(cursor_after(cursor))
+    with session.begin():
+        rows, last = agent_versions.list_versions(session, name, limit=limit, after=after)
+        if not rows and after is None and not _known(session, name):
+            raise NotFound(f"no agent named {name!r}")
+    items = [_version_out(row) for row in rows]
+    return AgentVersionList(items=items, next_cursor=_cursor(last) if last else None)
+
+
+@router.get(
+    "/{name}/versions/{version_id}",
+    response_model=AgentVersionDetail,
+    summary="Get one version of an agent",
+    responses=responses({404: "the agent has no such version"}),
+)
+def get_agent_version(
+    name: AgentName,
+    version_id: Annotated[str, Path(max_length=64, description="the version's id")],
+    _: Reader,
+    session: SessionDep,
+) -> AgentVersionDetail:
+    """The version's whole definition: what a task pinned to it runs."""
+    with session.begin():
+        row = agent_versions.get_version(session, name, version_id)
+    return AgentVersionDetail(**_version_out(row).model_dump(), definition=row.definition)
+
+
+def _known(session: SessionDep, name: str) -> bool:
+    """Registered here, or run once (a deploy may have removed it since)."""
+    return name in get_registry().agents or agent_versions.has_versions(session, name)
+
+
+def _version_out(row: AgentVersion) -> AgentVersionOut:
+    created_at = aware(row.created_at)
+    assert created_at is not None
+    return AgentVersionOut(id=row.id, agent=row.agent, created_at=created_at)
+
+
+def _cursor(last: agent_versions.Position) -> str:
+    created_at = aware(last[0])
+    assert created_at is not None
+    return encode_cursor(f"{created_at.isoformat()} {last[1]}")
+
+
+def _position(after: str | None) -> agent_versions.Position | None:
+    """A ``next_cursor``'s place: the last listed version's creation time and id."""
+    if after is None:
+        return None
+    at, _, version_id = after.partition(" ")
+    try:
+        created_at = datetime.fromisoformat(at)
+    except ValueError:
+        created_at = None
+    if created_at is None or created_at.tzinfo is None or not version_id:
+        raise InvalidRequest("cursor", "not a cursor this API returned")
+    return created_at, version_id

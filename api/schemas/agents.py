@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -37,4 +38,24 @@ class AgentOut(BaseModel):
 
 class AgentList(BaseModel):
     items: list[AgentOut]
+    next_cursor: str | None
+
+
+class AgentVersionOut(BaseModel):
+    id: str = Field(description="the SHA-256 of the definition's canonical JSON")
+    agent: str
+    created_at: datetime = Field(description="when a task first ran it")
+
+
+class AgentVersionDetail(AgentVersionOut):
+    definition: dict[str, Any] = Field(
+        description="the agent as its tasks run it: `system_prompt`, `model`, `max_steps`, "
+        "`context`, `output_schema`, and `tools`, each with its `description`, `parameters` "
+        "(JSON Schema) and behaviour (`idempotent`, `requires_approval` — true, false or "
+        '`"predicate"` —, `timeout`, …); an MCP tool is its name alone'
+    )
+
+
+class AgentVersionList(BaseModel):
+    items: list[AgentVersionOut]
     next_cursor: str | None

@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from shared.actions.effects import NONE, Effects, of_task
+from shared.agents import versions
 from shared.errors import Conflict, IdempotencyMismatch
 from shared.scheduling import caps, concurrency, gate
 from shared.store import tasks
@@ -59,6 +60,8 @@ def submit(
                 if existing:
                     return Submitted(_replay(existing, request_hash), created=False)
                 caps.check(session, tenant_id, tenant_name)
+                if spec.agent_version is not None:  # its row, once per process and version
+                    versions.record(session, spec.agent_version)
                 admitted = direct(session, tenant_name, spec)
                 logged = tasks.create_task(
                     session,

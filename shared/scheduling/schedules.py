@@ -31,6 +31,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from shared.agents import versions
 from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.ids import new_id
 from shared.settings import get_settings
@@ -277,5 +278,7 @@ def _submit(session: Session, schedule: Schedule, tick_ms: int) -> tuple[str, bo
     existing = tasks.find_by_idempotency_key(session, schedule.tenant_id, key)
     if existing is not None:
         return existing.id, False, []
+    # Each tick runs the agent as it is defined when the tick fires, not when it was scheduled.
+    spec = dataclasses.replace(spec, agent_version=versions.current_version(session, spec.agent))
     created = tasks.create_task(session, schedule.tenant_id, spec, idempotency_key=key)
     return created.task.id, True, created.deliveries

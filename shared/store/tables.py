@@ -187,6 +187,11 @@ class Task(Base):
     # Forks (shared.store.forks): the task and step this one was forked from, and what it
     # replaced there ({"task_id", "step", "replaced_input", "replaced_tool_results"}).
     forked_from: Mapped[dict[str, Any] | None]
+    # The agent version it runs (``agent_versions.id``), pinned at submission; NULL for a task
+    # older than pinning, which runs its agent as the live registry has it. No foreign key: a
+    # key's check would lock the version's row for every insert of a task, and every task of
+    # an agent shares it; the version row is committed before any task names it.
+    agent_version: Mapped[str | None] = mapped_column(String(64))
 
 
 def runnable() -> ColumnElement[bool]:
@@ -431,3 +436,18 @@ class Leader(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     owner: Mapped[str] = mapped_column(String(200))
     expires_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class AgentVersion(Base):
+    """An agent's definition as tasks ran it (system prompt, tools with their descriptions,
+    schemas and metadata, limits), content-addressed: ``id`` is the SHA-256 of its canonical
+    JSON (``shared.agents.versions``), so the same definition is one row however often it is
+    submitted, and a row never changes."""
+
+    __tablename__ = "agent_versions"
+    __table_args__ = (Index("ix_agent_versions_agent_created", "agent", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent: Mapped[str] = mapped_column(String(100))
+    definition: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)  # first submitted

@@ -69,6 +69,7 @@ class NewTask:
     # A fork (shared.store.forks): it starts after this step of that task, whose steps up to
     # there it holds as its own (copied in the same transaction).
     forked_from: ForkPoint | None = None
+    agent_version: str | None = None  # the agent version it runs (shared.agents.versions)
 
 
 def create_task(
@@ -106,6 +107,7 @@ def create_task(
         context=spec.context,
         forked_from=spec.forked_from.as_json() if spec.forked_from else None,
         steps=spec.forked_from.step if spec.forked_from else 0,
+        agent_version=spec.agent_version,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

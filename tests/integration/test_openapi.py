@@ -38,6 +38,7 @@ SEMANTIC_422 = (
     "GET /v1/tasks/{task_id}/events",
     "GET /v1/tasks/{task_id}/webhook-deliveries",
     "GET /v1/agents",
+    "GET /v1/agents/{name}/versions",
     "GET /v1/keys",
     "POST /v1/keys",
     "GET /v1/webhook-endpoints",
@@ -136,7 +137,7 @@ def test_every_operation_passes_every_check(
             if failure:
                 failures.append(failure)
     assert not failures, "\n\n".join(failures)
-    assert len(seen) == 39, sorted(seen)
+    assert len(seen) == 41, sorted(seen)
     # The key was taken: every authenticated operation got past authentication at least once.
     assert [label for label, statuses in seen.items() if statuses <= {401}] == []
     assert {200, 422} <= seen["GET /v1/tasks/{task_id}/events"]

@@ -66,6 +66,7 @@ _DEFAULTS: dict[str, Any] = {
     "output_schema": None,
     "context": None,
     "forked_from": None,
+    "agent_version": None,
 }
 
 

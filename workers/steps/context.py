@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from shared.agents import versions
 from shared.agents.registry import Agent, Tool, get_agent, get_registry
 from shared.context_window import Policy, policy_of
 from shared.mcp.names import is_mcp_name
@@ -73,7 +74,7 @@ def load_context(session: Session, lease: Lease) -> Context:
     assert task is not None
     fresh = lease.fresh  # never ran: a retried task (attempt 1 again) has rows to resume
     steps, calls = ([], []) if fresh else checkpoints.load_history(session, lease.task_id)
-    agent = get_agent(task.agent)
+    agent, tools = agent_and_tools(task, session)  # MCP tools: after the transaction
     summary = None if fresh else latest_summary(session, task)
     after = summary.through_step if summary is not None else 0
     done = [s for s in steps if after < s.number < lease.step]
@@ -82,10 +83,10 @@ def load_context(session: Session, lease: Lease) -> Context:
         lease=lease,
         task=task,
         agent=agent,
-        tools=task_tools(task, mcp=False),  # MCP tools: after the transaction, see runner
+        tools=tools,
         history=open_conversation(task, agent)
         + summary_messages(summary)
-        + step_messages(done, calls),
+        + step_messages(done, calls, tools=tools),
         step_row=current,
         calls={c.call_id: c for c in calls if c.step_number == lease.step},
         tenant_name=tenant_name(task.tenant_id, session),
@@ -98,11 +99,12 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
     has no rows yet, and the conversation before it was carried over."""
     task = lease.task
     assert task is not None
+    agent, tools = agent_and_tools(task)  # MCP tools: under the step's heartbeat
     return Context(
         lease=lease,
         task=task,
-        agent=get_agent(task.agent),
-        tools=task_tools(task, mcp=False),  # MCP tools: under the step's heartbeat
+        agent=agent,
+        tools=tools,
         history=history,
         step_row=None,
         calls={},
@@ -111,13 +113,62 @@ def following_context(lease: Lease, history: list[Message]) -> Context:
     )
 
 
-def task_tools(task: TaskState, *, mcp: bool = True) -> dict[str, Tool]:
-    """The task's tools by name: Python tools, and its MCP servers' tools as this process last
-    listed them (``<server>.*`` expanded; see shared.mcp.catalog). Listing a server may start
-    it, which takes seconds: inside a transaction, ``mcp=False`` leaves them out, and the
-    caller adds them once it has committed (see ``with_mcp_tools``)."""
+# --- the agent and tools a step runs: its pinned version's (shared.agents.versions) ------------
+
+
+def agent_and_tools(
+    task: TaskState, session: Session | None = None
+) -> tuple[Agent, dict[str, Tool]]:
+    """The task's agent (what a step reads of it: the system prompt) and Python tools by name,
+    as its pinned version defines them: this deployment's code with the version's
+    descriptions, schemas and behaviour, a tool the deployment lacks refusing each call with
+    a message that says so (``versions.pinned_tools``). A task from before pinning runs the
+    live registry's."""
+    pinned = _pinned(task, session)
+    if pinned is None:
+        return get_agent(task.agent), _live_tools(task)
+    return pinned.pinned_agent, versions.pinned_tools(pinned, task.tools)
+
+
+def python_tools(task: TaskState, session: Session | None = None) -> dict[str, Tool]:
+    """The task's Python tools by name (see ``agent_and_tools``)."""
+    pinned = _pinned(task, session)
+    return _live_tools(task) if pinned is None else versions.pinned_tools(pinned, task.tools)
+
+
+def _live_tools(task: TaskState) -> dict[str, Tool]:
     registry = get_registry()
-    tools = {name: registry.tools[name] for name in task.tools if name in registry.tools}
+    return {name: registry.tools[name] for name in task.tools if name in registry.tools}
+
+
+def _pinned(task: TaskState, session: Session | None) -> versions.Version | None:
+    """The task's pinned version, or None where the live registry's agent is that version (no
+    deploy changed it since the submission: nothing to read) or the task has none. A version
+    is read once per process, in ``session`` if the caller holds one (see ``tenant_name``)."""
+    if task.agent_version is None:
+        return None
+    live = get_registry().agents.get(task.agent)
+    if live is not None and versions.version_of(live).id == task.agent_version:
+        return None
+    found = versions.cached_version(task.agent_version)
+    if found is not None:
+        return found
+    with nullcontext(session) if session is not None else write_session() as reader:
+        return versions.load_version(task.agent_version, reader)
+
+
+# --- end of the pinned agent and tools ---------------------------------------------------------
+
+
+def task_tools(
+    task: TaskState, *, mcp: bool = True, session: Session | None = None
+) -> dict[str, Tool]:
+    """The task's tools by name: Python tools (``python_tools``), and its MCP servers' tools
+    as this process last listed them (``<server>.*`` expanded; see shared.mcp.catalog).
+    Listing a server may start it, which takes seconds: inside a transaction, ``mcp=False``
+    leaves them out, and the caller adds them once it has committed (see
+    ``with_mcp_tools``)."""
+    tools = python_tools(task, session)
     if mcp and any(is_mcp_name(name) for name in task.tools):
         from shared.mcp import catalog  # the MCP SDK loads only where a task names a server
 
@@ -185,8 +236,11 @@ def summary_messages(summary: Summary | None) -> list[Message]:
     ]
 
 
-def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Message]:
-    """Each step's response and its tool calls' outcomes, as the model reads them back."""
+def step_messages(
+    steps: Sequence[Step], calls: Sequence[ToolCall], *, tools: Mapping[str, Tool] | None = None
+) -> list[Message]:
+    """Each step's response and its tool calls' outcomes, as the model reads them back (each
+    result cut to its tool's limit, as ``tools``, the task's, define it)."""
     by_step: dict[int, list[ToolCall]] = defaultdict(list)
     for call in calls:
         by_step[call.step_number].append(call)
@@ -205,7 +259,7 @@ def step_messages(steps: Sequence[Step], calls: Sequence[ToolCall]) -> list[Mess
                 ok=call.status == CallStatus.SUCCEEDED,
                 result=call.result,
                 error=call.error,
-                max_chars=tool_runner.result_limit(call.tool),
+                max_chars=tool_runner.result_limit(call.tool, tools),
             )
             messages.append(
                 {
@@ -241,7 +295,7 @@ def read_back(ctx: Context, response: ModelResponse) -> list[Message]:
             ok=outcome.ok,
             result=outcome.result,
             error=outcome.error,
-            max_chars=tool_runner.result_limit(call.name),
+            max_chars=tool_runner.result_limit(call.name, ctx.tools),
         )
         messages.append(
             {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
