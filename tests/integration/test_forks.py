@@ -484,3 +484,17 @@ def test_a_replaced_input_comes_before_the_kept_steps(
     assert prompt[1] == {"role": "user", "content": "send the reports to the other team"}
     assert [prompt[0], *prompt[2:]] == [step_2_prompt[0], *step_2_prompt[2:]]
     assert _get(client, tenant, f"/v1/tasks/{origin}")["steps"] == 4
+
+
+def test_a_fork_runs_its_origins_agent_version_unless_it_changes_the_tools(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    origin = _submit(client, tenant, scripted_task([{"content": "done"}]))
+    assert drive(origin) == "succeeded"
+    with transaction() as session:  # as if a deploy since had changed the agent
+        task = session.get(Task, origin)
+        assert task is not None and task.agent_version is not None
+        task.agent_version = "0" * 64
+    assert _fork(client, tenant, origin, from_step=0)["agent_version"] == "0" * 64
+    changed = _fork(client, tenant, origin, from_step=0, tools=["calculator"])
+    assert changed["agent_version"] not in (None, "0" * 64)  # the agent as it is now
