@@ -31,6 +31,8 @@ from api.routes import (
     overview,
     schedules,
     tasks,
+    thread_events,
+    threads,
     webhook_endpoints,
     webhooks,
 )
@@ -177,6 +179,8 @@ def create_app() -> FastAPI:
         fleet,
         overview,
         schedules,
+        threads,
+        thread_events,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     app.include_router(health.router, responses=ANY_REQUEST)

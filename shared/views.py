@@ -107,6 +107,9 @@ class TaskView(BaseModel):
     run_at: datetime | None = None
     schedule_id: str | None = None
     metadata: dict[str, Any]
+    # A thread's turn: its thread and its number there.
+    thread_id: str | None = None
+    turn: int | None = None
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -191,6 +194,10 @@ class TaskState(UsageRow, Protocol):
     def schedule_id(self) -> str | None: ...
     @property
     def output_schema(self) -> dict[str, Any] | None: ...
+    @property
+    def thread_id(self) -> str | None: ...
+    @property
+    def turn(self) -> int | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -220,6 +227,8 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         run_at=aware(task.run_at),
         schedule_id=task.schedule_id,
         metadata=task.meta,
+        thread_id=task.thread_id,
+        turn=task.turn,
     )
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     bindparam,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -183,6 +184,15 @@ class Task(Base):
 
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
+
+    # A thread's turn (see Thread, below): its thread and number there, from 1; held while an
+    # earlier turn is unfinished; rolled back (out of the thread's history, rows kept).
+    thread_id: Mapped[str | None] = mapped_column(
+        ForeignKey("threads.id", ondelete="CASCADE", name="fk_tasks_thread_id")
+    )
+    turn: Mapped[int | None] = mapped_column(Integer)
+    turn_held: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    rolled_back: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 def runnable() -> ColumnElement[bool]:
@@ -424,3 +434,43 @@ class Leader(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     owner: Mapped[str] = mapped_column(String(200))
     expires_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+# --- Threads ------------------------------------------------------------------------------
+
+_UNFINISHED_SQL = "status NOT IN ('succeeded', 'failed', 'cancelled')"
+
+
+class Thread(Base):
+    """A conversation: its turns are tasks (``tasks.thread_id``, ``tasks.turn``), and its
+    history is their committed steps, never a copy. ``turns`` counts the turns numbered so
+    far; taking the next number is what serializes two turns sent at once."""
+
+    __tablename__ = "threads"
+    __table_args__ = (Index("ix_threads_tenant_id_id", "tenant_id", "id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    agent: Mapped[str] = mapped_column(String(100))
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType)
+    turns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# One number per turn; at most one turn of a thread unfinished and not held (two turns never
+# run at once, guarded here rather than by the code that releases them); the held turns, few.
+Index(
+    "uq_tasks_thread_turn",
+    Task.thread_id,
+    Task.turn,
+    unique=True,
+    **_where("thread_id IS NOT NULL"),
+)
+Index(
+    "uq_tasks_thread_running",
+    Task.thread_id,
+    unique=True,
+    **_where(f"thread_id IS NOT NULL AND NOT turn_held AND {_UNFINISHED_SQL}"),
+)
+Index("ix_tasks_held", Task.thread_id, Task.turn, **_where("turn_held"))

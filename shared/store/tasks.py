@@ -65,6 +65,11 @@ class NewTask:
     schedule_id: str | None = None
     output_schema: dict[str, Any] | None = None  # the JSON Schema the final answer must meet
     context: dict[str, Any] | None = None  # the context-window policy (shared.context_window)
+    # A thread's turn: its thread, its number there, and whether it waits for an earlier one
+    # (shared.store.threads).
+    thread_id: str | None = None
+    turn: int | None = None
+    turn_held: bool = False
 
 
 def create_task(
@@ -100,6 +105,9 @@ def create_task(
         schedule_id=spec.schedule_id,
         output_schema=spec.output_schema,
         context=spec.context,
+        thread_id=spec.thread_id,
+        turn=spec.turn,
+        turn_held=spec.turn_held,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

@@ -65,6 +65,10 @@ _DEFAULTS: dict[str, Any] = {
     "request_hash": None,
     "output_schema": None,
     "context": None,
+    "thread_id": None,
+    "turn": None,
+    "turn_held": False,
+    "rolled_back": False,
 }
 
 
