@@ -1,0 +1,236 @@
+"""Threads: each turn's model reads the whole committed history (the client sends only its new
+message), and a turn sent to a busy thread does what its ``multitask_strategy`` says."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from shared.store.db import transaction
+from shared.store.tables import Task
+from tests.conftest import Configure, TenantHandle
+from tests.fakes.openai_server import OpenAIServer, answer, stall, tool_call
+from tests.helpers import admit
+from workers.steps import runner
+
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
+
+MODEL = "openai:gpt-4o-mini"
+SCRIPTED = {"model": "scripted", "model_options": {"script": [{"content": "ok"}]}}
+SYSTEM = "You run operations."  # the ``ops`` agent's (tests/sample_agents.py)
+LONG = 60.0
+
+
+def new_thread(client: TestClient, tenant: TenantHandle, **metadata: str) -> str:
+    response = client.post(
+        "/v1/threads", json={"agent": "ops", "metadata": metadata}, headers=tenant.headers
+    )
+    assert response.status_code == 201, response.text
+    assert response.headers["Location"] == f"/v1/threads/{response.json()['id']}"
+    return str(response.json()["id"])
+
+
+def send(
+    client: TestClient, tenant: TenantHandle, thread_id: str, text: str, **extra: Any
+) -> dict[str, Any]:
+    body = {"input": text, "model": MODEL, "tools": ["upsert_record"]} | extra
+    response = client.post(f"/v1/threads/{thread_id}/runs", json=body, headers=tenant.headers)
+    assert response.status_code == 202, response.text
+    return dict(response.json())
+
+
+def row(task_id: str) -> Task:
+    with transaction() as session:
+        task = session.get(Task, task_id)
+        assert task is not None
+        session.expunge(task)
+        return task
+
+
+def said_in_turn(k: int) -> list[dict[str, Any]]:
+    """What turn ``k`` adds to the history: its message, a tool call and its result, then
+    the model's answer (as the requests carry them)."""
+    return [
+        {"role": "user", "content": f"message {k}"},
+        {"role": "assistant", "tool": "upsert_record"},
+        {"role": "tool", "content": f"stored key-{k}"},
+        {"role": "assistant", "content": f"answer {k}"},
+    ]
+
+
+def shape(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each message reduced to what ``said_in_turn`` names."""
+    shaped: list[dict[str, Any]] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            shaped.append({"role": "assistant", "tool": calls[0]["function"]["name"]})
+        else:
+            shaped.append({"role": message["role"], "content": message["content"]})
+    return shaped
+
+
+def test_each_turn_reads_every_earlier_turn_in_order_and_the_client_sends_only_its_message(
+    client: TestClient,
+    tenant: TenantHandle,
+    openai_provider: OpenAIServer,
+    drive: Callable[..., str],
+) -> None:
+    thread_id = new_thread(client, tenant)
+    turns = []
+    for k in range(1, 6):
+        openai_provider.reply(
+            tool_call("upsert_record", {"key": f"key-{k}"}), answer(f"answer {k}")
+        )
+        turn = send(client, tenant, thread_id, f"message {k}")
+        assert (turn["thread_id"], turn["turn"]) == (thread_id, k)
+        assert drive(turn["id"]) == "succeeded"
+        assert row(turn["id"]).input == f"message {k}"  # all the client sent
+        turns.append(turn["id"])
+
+    requests = openai_provider.requests
+    assert len(requests) == 10  # two model calls a turn, none repeated
+    for k in range(1, 6):
+        first = requests[2 * (k - 1)].messages
+        earlier = [m for j in range(1, k) for m in said_in_turn(j)]
+        assert shape(first) == [
+            {"role": "system", "content": SYSTEM},
+            *earlier,
+            {"role": "user", "content": f"message {k}"},
+        ]
+    thread = client.get(f"/v1/threads/{thread_id}", headers=tenant.headers).json()
+    assert (thread["status"], thread["turns"], thread["latest_turn"]["id"]) == (
+        "idle",
+        5,
+        turns[-1],
+    )
+
+
+def test_reject_refuses_a_turn_while_one_is_unfinished(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    thread_id = new_thread(client, tenant)
+    first = send(client, tenant, thread_id, "message 1", **SCRIPTED)
+    response = client.post(
+        f"/v1/threads/{thread_id}/runs",
+        json={"input": "message 2", "multitask_strategy": "reject"} | SCRIPTED,
+        headers=tenant.headers,
+    )
+    assert response.status_code == 409
+    assert response.headers["content-type"] == "application/problem+json"
+    thread = client.get(f"/v1/threads/{thread_id}", headers=tenant.headers).json()
+    assert (thread["turns"], thread["latest_turn"]["id"], thread["status"]) == (
+        1,
+        first["id"],
+        "busy",
+    )
+
+
+def test_enqueue_runs_after_the_unfinished_turn_and_sees_its_answer(
+    client: TestClient,
+    tenant: TenantHandle,
+    openai_provider: OpenAIServer,
+    drive: Callable[..., str],
+) -> None:
+    thread_id = new_thread(client, tenant)
+    openai_provider.reply(answer("answer 1"), answer("answer 2"))
+    first = send(client, tenant, thread_id, "message 1")
+    second = send(client, tenant, thread_id, "message 2")  # enqueue: the default
+
+    # Held: never admitted, and a message for it (a stray, a duplicate) takes no lease.
+    admit()
+    runner.advance(second["id"], 1)
+    held = row(second["id"])
+    assert (held.status, held.turn_held, held.admitted_ms, held.steps) == ("queued", True, None, 0)
+    assert openai_provider.requests == []
+
+    assert drive(first["id"]) == "succeeded"
+    assert admit() >= 1  # the dispatcher's round releases it, and admits it
+    assert row(second["id"]).turn_held is False
+    assert drive(second["id"]) == "succeeded"
+    assert shape(openai_provider.requests[1].messages) == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "message 1"},
+        {"role": "assistant", "content": "answer 1"},
+        {"role": "user", "content": "message 2"},
+    ]
+
+
+def test_two_turns_of_a_thread_are_never_released_at_once(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    """The database refuses a second unfinished turn that is not held, whatever the code."""
+    from sqlalchemy import update
+    from sqlalchemy.exc import IntegrityError
+
+    thread_id = new_thread(client, tenant)
+    send(client, tenant, thread_id, "message 1", **SCRIPTED)
+    second = send(client, tenant, thread_id, "message 2", **SCRIPTED)
+    with pytest.raises(IntegrityError), transaction() as session:
+        session.execute(update(Task).where(Task.id == second["id"]).values(turn_held=False))
+
+
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+def test_interrupt_and_rollback_cancel_the_turn_in_its_slow_model_call(
+    strategy: str,
+    client: TestClient,
+    tenant: TenantHandle,
+    openai_provider: OpenAIServer,
+    drive: Callable[..., str],
+    configure: Configure,
+) -> None:
+    configure(RATCHET_LEASE_TTL_SECONDS="0.9")  # the heartbeat looks at the task every 0.3 s
+    thread_id = new_thread(client, tenant)
+    openai_provider.reply(
+        tool_call("upsert_record", {"key": "key-1"}),  # step 1 commits, its tool ran
+        stall(30, then=answer("never read")),  # step 2's model call is slow
+        answer("answer 2"),
+    )
+    first = send(client, tenant, thread_id, "message 1")
+    running = threading.Thread(target=drive, args=(first["id"],))
+    running.start()
+    deadline = time.monotonic() + LONG
+    while len(openai_provider.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(openai_provider.requests) == 2  # in the slow call, step 1 committed
+
+    second = send(client, tenant, thread_id, "message 2", multitask_strategy=strategy)
+    assert row(second["id"]).turn_held  # waits for the interrupted turn to end
+    running.join(LONG)
+    assert not running.is_alive()
+    cancelled = row(first["id"])
+    assert (cancelled.status, cancelled.steps) == ("cancelled", 1)
+    assert cancelled.rolled_back is (strategy == "rollback")
+
+    admit()
+    assert drive(second["id"]) == "succeeded"
+    kept = [
+        {"role": "user", "content": "message 1"},
+        {"role": "assistant", "tool": "upsert_record"},
+        {"role": "tool", "content": "stored key-1"},
+    ]
+    assert shape(openai_provider.requests[2].messages) == [
+        {"role": "system", "content": SYSTEM},
+        *(kept if strategy == "interrupt" else []),
+        {"role": "user", "content": "message 2"},
+    ]
+    # Rolled back or not, the turn's rows stay for audit.
+    steps = client.get(f"/v1/tasks/{first['id']}/steps", headers=tenant.headers).json()
+    assert [s["number"] for s in steps["items"]] == [1]
+
+
+def test_interrupt_of_a_turn_no_worker_holds_cancels_it_at_once(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    thread_id = new_thread(client, tenant)
+    first = send(client, tenant, thread_id, "message 1", **SCRIPTED)
+    second = send(
+        client, tenant, thread_id, "message 2", multitask_strategy="interrupt", **SCRIPTED
+    )
+    assert row(first["id"]).status == "cancelled"
+    assert row(second["id"]).turn_held is False  # nothing unfinished before it: not held
