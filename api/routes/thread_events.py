@@ -58,16 +58,14 @@ class Position:
         return f"{self.turn}:{self.seq}"
 
 
-def parse_position(last_event_id: str | None) -> Position:
+def parse_position(event_id: str | None, *, field: str = "Last-Event-ID") -> Position:
     """``<turn>:<seq>`` as this stream sends it; none: from the thread's first turn."""
-    if last_event_id is None or not last_event_id.strip():
+    if event_id is None or not event_id.strip():
         return Position(1, 0)
-    turn, colon, seq = last_event_id.strip().partition(":")
+    turn, colon, seq = event_id.strip().partition(":")
     if not colon:
-        raise InvalidRequest("Last-Event-ID", "must be <turn>:<seq>, an id this stream sent")
-    return Position(
-        parse_seq(turn, field="Last-Event-ID") or 1, parse_seq(seq, field="Last-Event-ID")
-    )
+        raise InvalidRequest(field, "must be <turn>:<seq>, an id this stream sent")
+    return Position(parse_seq(turn, field=field) or 1, parse_seq(seq, field=field))
 
 
 @dataclass(frozen=True)
@@ -211,7 +209,10 @@ async def stream_thread_events(
 ) -> StreamingResponse:
     """Server-sent events of every turn, each ``id: <turn>:<seq>``, ``event: <type>``,
     ``data: <json>`` (as the turn's own stream sends them). Needs the ``tasks:read`` scope."""
-    start = parse_position(after if after is not None else last_event_id)
+    if after is not None:
+        start = parse_position(after, field="after")
+    else:
+        start = parse_position(last_event_id)
     await run_in_threadpool(_check_exists, principal.tenant_id, thread_id)
     return StreamingResponse(
         _ending_cleanly(
