@@ -161,7 +161,7 @@ def test_a_worker_killed_in_turn_3_of_5_loses_nothing_and_repeats_nothing(
     )
     # Turn k's first request holds every earlier turn, in order, then its own message only.
     for turn, step, messages in chat.asked:
-        expected = history_through(turn - 1) + [("user", f"message {turn}")]
+        expected = [*history_through(turn - 1), ("user", f"message {turn}")]
         if step == 2:
             expected += [("assistant", "upsert_record"), ("tool", f"stored key-{turn}")]
         assert shape(messages) == expected, (turn, step)
