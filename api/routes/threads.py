@@ -7,6 +7,7 @@ thread that has one unfinished. The thread's one event stream is ``api.routes.th
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Annotated, Any
 
@@ -235,12 +236,19 @@ def _run_turn(principal: Principal, thread_id: str, body: TurnCreate, key: str |
         spec,
         strategy=Strategy(body.multitask_strategy),
         idempotency_key=key,
-        request_hash=submission.request_hash(body),
+        request_hash=turn_hash(thread_id, body),
     )
     if done.created:
         metrics.tasks_submitted.inc()
         after_commit(done.effects)
     return done
+
+
+def turn_hash(thread_id: str, body: TurnCreate) -> str:
+    """The body's hash for its Idempotency-Key, with its thread: the same key and body sent
+    to another thread is another request (a 422), not this turn again."""
+    both = f"{thread_id}:{submission.request_hash(body)}"
+    return hashlib.sha256(both.encode()).hexdigest()
 
 
 @router.get(

@@ -85,3 +85,13 @@ class MessageOut(BaseModel):
 class MessageList(BaseModel):
     items: list[MessageOut]
     next_cursor: str | None
+
+
+def document_turn(components: dict[str, Any]) -> None:
+    """Add a turn's body to an OpenAPI document's schemas (its route parses it itself, after
+    auth), once the submit body is there (``document_submission``): the same fields, the
+    script described as there, and ``multitask_strategy``."""
+    body = TurnCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(body.pop("$defs", {}))
+    body["properties"]["model_options"] = components["TaskCreate"]["properties"]["model_options"]
+    components["TurnCreate"] = body

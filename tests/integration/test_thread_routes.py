@@ -207,9 +207,31 @@ def test_a_turn_answers_again_for_the_same_idempotency_key(
     changed = client.post(
         f"/v1/threads/{thread_id}/runs", json=body | {"input": "bye"}, headers=headers
     )
-    assert changed.status_code == 422
+    elsewhere = client.post(
+        f"/v1/threads/{new_thread(client, tenant)}/runs", json=body, headers=headers
+    )
+    assert (changed.status_code, elsewhere.status_code) == (422, 422)
     thread = client.get(f"/v1/threads/{thread_id}", headers=tenant.headers).json()
     assert thread["turns"] == 1
+
+
+def test_a_failed_turn_is_not_retried_while_a_later_turn_is_unfinished(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    thread_id = new_thread(client, tenant)
+    script = [tool_turn("upsert_record", key="k"), {"content": "never"}]
+    failing = {"model": "scripted", "model_options": {"script": script}, "max_steps": 1}
+    response = client.post(
+        f"/v1/threads/{thread_id}/runs", json={"input": "one"} | failing, headers=tenant.headers
+    )
+    first = response.json()["id"]
+    assert drive(first) == "failed"
+    second = turn(client, tenant, thread_id, "two")
+    retried = client.post(f"/v1/tasks/{first}/retry", headers=tenant.headers)
+    assert retried.status_code == 409, retried.text
+    with transaction() as session:
+        assert session.get(Task, first).status == "failed"  # type: ignore[union-attr]
+        assert session.get(Task, second["id"]).status == "queued"  # type: ignore[union-attr]
 
 
 class Connected:
