@@ -15,7 +15,12 @@ from shared.store.db import transaction
 from shared.store.tables import Task
 from tests.conftest import Configure, TenantHandle
 from tests.fakes.openai_server import OpenAIServer, answer, stall, tool_call
+from tests.fakes.reader import Reader, unpaired_calls
 from tests.helpers import admit
+from tests.integration.test_context_window import MODEL as READER_MODEL
+from tests.integration.test_context_window import RESERVE as READER_RESERVE
+from tests.integration.test_context_window import WINDOW as READER_WINDOW
+from tests.integration.test_context_window import reader_server  # noqa: F401
 from workers.steps import runner
 
 pytestmark = pytest.mark.backends("postgresql", "sqlite")
@@ -234,3 +239,34 @@ def test_interrupt_of_a_turn_no_worker_holds_cancels_it_at_once(
     )
     assert row(first["id"]).status == "cancelled"
     assert row(second["id"]).turn_held is False  # nothing unfinished before it: not held
+
+
+def test_the_context_policy_cuts_the_whole_history_keeping_the_first_message_and_pairs(
+    reader_server: Callable[[int], tuple[OpenAIServer, Reader]],  # noqa: F811
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+) -> None:
+    """Turn 1 reads a book far past the window; turn 2's model still gets a prompt inside
+    it: the system prompt and the thread's first message, the newest turns whole (no tool
+    call without its result), and turn 2's own message."""
+    _server, reader = reader_server(30)
+    created = client.post("/v1/threads", json={"agent": "reader"}, headers=tenant.headers)
+    thread_id = created.json()["id"]
+    for text in ("Read the book.", "Now tell me what you read."):
+        response = client.post(
+            f"/v1/threads/{thread_id}/runs",
+            json={"input": text, "model": READER_MODEL, "max_steps": 50}
+            | {"context": {"policy": "truncate"}},
+            headers=tenant.headers,
+        )
+        assert response.status_code == 202, response.text
+        assert drive(response.json()["id"], max_messages=80) == "succeeded"
+
+    last = reader.prompts[-1]
+    assert len(reader.prompts) == 32  # 30 pages and an answer, then turn 2's answer
+    assert max(reader.sizes) + READER_RESERVE <= READER_WINDOW
+    assert last[:2] == reader.prompts[0][:2]  # the system prompt, the thread's first message
+    assert last[-1] == {"role": "user", "content": "Now tell me what you read."}
+    assert any("left out here" in str(m["content"]) for m in last)
+    assert all(unpaired_calls(prompt) == [] for prompt in reader.prompts)

@@ -180,17 +180,23 @@ def opening_length(task: TaskState, agent: Agent) -> int:
     (``window.split``): the system prompt and the input; for a thread's later turn, the system
     prompt and the thread's first message, the rest being turns that may go, oldest first."""
     system = 1 if agent.system_prompt or task.instructions else 0
-    if task.thread_id is not None and (task.turn or 1) > 1:
+    if reads_earlier_turns(task):
         return system + 1
     return system + len(input_messages(task.input))
+
+
+def reads_earlier_turns(task: TaskState) -> bool:
+    """A thread's turn after its first: its conversation opens with its thread's history."""
+    return task.thread_id is not None and task.turn is not None and task.turn > 1
 
 
 def earlier_turns(session: Session, task: TaskState) -> list[Message]:
     """A thread's turn reads its thread's history: each earlier turn still in it, in order —
     its input, then its completed steps as the model reads them back — from their committed
     rows. Read with each fresh lease only: a following step carries it in memory."""
-    if task.thread_id is None or task.turn is None or task.turn <= 1:
+    if not reads_earlier_turns(task):
         return []
+    assert task.thread_id is not None
     messages: list[Message] = []
     for past in threads.history(session, task.thread_id, before=task.turn):
         messages.extend(input_messages(past.input))

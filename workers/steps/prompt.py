@@ -21,7 +21,7 @@ from shared.context_window import Policy, answer_room, context_window, policy_of
 from shared.settings import get_settings
 from workers.providers.base import Message, ToolSchema
 from workers.steps import summarizer, window
-from workers.steps.context import Context, opening_length
+from workers.steps.context import Context, opening_length, reads_earlier_turns
 
 
 class ContextExceeded(Exception):
@@ -61,7 +61,7 @@ def prompt_for(ctx: Context, tools: list[ToolSchema]) -> Prompt:
     opening = opening_length(task, ctx.agent)
     # A summary stands for this task's own steps (its ``through_step``): a thread's later turn,
     # whose history holds earlier turns' steps too, is cut instead.
-    if policy.policy is Policy.SUMMARIZE and task.thread_id is None:
+    if policy.policy is Policy.SUMMARIZE and not reads_earlier_turns(task):
         summarizer.compress(ctx, opening=opening, budget=budget, counter=counter, policy=policy)
         tokens = counter.history(task.id, ctx.history)
         if tokens <= budget:
