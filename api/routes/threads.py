@@ -222,9 +222,25 @@ async def run_turn(
     return task_view(done.task)
 
 
+# A thread's agent never changes: each process reads it once per thread (a thread deleted
+# meanwhile is still not found, by the turn's own transaction).
+_agents: dict[tuple[str, str], str] = {}
+AGENTS_KEPT = 10_000
+
+
+def _thread_agent(tenant_id: str, thread_id: str) -> str:
+    agent = _agents.get((tenant_id, thread_id))
+    if agent is None:
+        with get_sessionmaker()() as session, session.begin():
+            agent = threads.get_thread(session, tenant_id, thread_id).agent
+        if len(_agents) >= AGENTS_KEPT:
+            _agents.clear()
+        _agents[(tenant_id, thread_id)] = agent
+    return agent
+
+
 def _run_turn(principal: Principal, thread_id: str, body: TurnCreate, key: str | None) -> Submitted:
-    with get_sessionmaker()() as session, session.begin():
-        agent = threads.get_thread(session, principal.tenant_id, thread_id).agent
+    agent = _thread_agent(principal.tenant_id, thread_id)
     if "agent" in body.model_fields_set and body.agent != agent:
         raise InvalidRequest("agent", f"the thread's agent is {agent!r}; a turn runs it")
     spec = submission.resolve(body.model_copy(update={"agent": agent}), get_settings())

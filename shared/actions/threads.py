@@ -27,6 +27,7 @@ from shared.actions.effects import NONE, Effects, of_task
 from shared.actions.tasks import Submitted, direct
 from shared.errors import Conflict, IdempotencyMismatch
 from shared.scheduling import caps
+from shared.statuses import TERMINAL_STATUSES
 from shared.store import tasks, threads
 from shared.store.db import get_sessionmaker
 from shared.store.tables import Task, Thread
@@ -71,11 +72,10 @@ def run_turn(
                 )
                 if existing:
                     return Submitted(_replay(existing, request_hash), created=False)
-                thread, number = threads.take_turn_number(session, tenant_id, thread_id)
+                number = threads.take_turn_number(session, tenant_id, thread_id)
                 caps.check(session, tenant_id, tenant_name)
-                stopped = _make_room(session, tenant_id, thread, strategy)
-                held = bool(threads.unfinished_turns(session, thread.id))
-                turn = replace(spec, thread_id=thread.id, turn=number, turn_held=held)
+                stopped, held = _make_room(session, tenant_id, thread_id, strategy)
+                turn = replace(spec, thread_id=thread_id, turn=number, turn_held=held)
                 admitted = not held and direct(session, tenant_name, turn)
                 logged = tasks.create_task(
                     session,
@@ -87,7 +87,7 @@ def run_turn(
                 )
                 if held:
                     threads.hold(session, logged.task.id)
-            done = _started(logged, admitted=admitted, held=held, thread_id=thread.id)
+            done = _started(logged, admitted=admitted, held=held, thread_id=thread_id)
             return Submitted(logged.task, created=True, effects=stopped + done)
         except IntegrityError:
             # A concurrent request with the same key committed first.
@@ -100,20 +100,26 @@ def run_turn(
             return Submitted(_replay(existing, request_hash), created=False)
 
 
-def _make_room(session: Session, tenant_id: str, thread: Thread, strategy: Strategy) -> Effects:
-    """Apply ``strategy`` to the thread's unfinished turns; what to send once committed."""
-    unfinished = threads.unfinished_turns(session, thread.id)
-    if not unfinished or strategy is Strategy.ENQUEUE:
-        return NONE
+def _make_room(
+    session: Session, tenant_id: str, thread_id: str, strategy: Strategy
+) -> tuple[Effects, bool]:
+    """Apply ``strategy`` to the thread's unfinished turns: what to send once committed, and
+    whether the new turn must wait (a turn is still unfinished)."""
+    unfinished = threads.unfinished_turns(session, thread_id)
+    if not unfinished:
+        return NONE, False
+    if strategy is Strategy.ENQUEUE:
+        return NONE, True
     if strategy is Strategy.REJECT:
         turns = ", ".join(str(t.turn) for t in unfinished)
         raise Conflict(
-            f"thread {thread.id} has an unfinished turn ({turns}); send it with "
+            f"thread {thread_id} has an unfinished turn ({turns}); send it with "
             "multitask_strategy enqueue, interrupt or rollback, or wait for it to end"
         )
     if strategy is Strategy.ROLLBACK:
         threads.roll_back(session, [t.id for t in unfinished])
-    return _cancel_all(session, tenant_id, unfinished)
+    stopped = _cancel_all(session, tenant_id, unfinished)
+    return stopped, any(t.status not in TERMINAL_STATUSES for t in unfinished)
 
 
 def _cancel_all(session: Session, tenant_id: str, turns: Sequence[Task]) -> Effects:

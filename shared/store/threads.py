@@ -18,10 +18,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, and_, exists, func, select, text, update
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    exists,
+    func,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.orm import Session
 
 from shared.errors import NotFound
 from shared.ids import new_id
@@ -76,9 +88,9 @@ def get_thread(session: Session, tenant_id: str, thread_id: str) -> Thread:
     return thread
 
 
-def take_turn_number(session: Session, tenant_id: str, thread_id: str) -> tuple[Thread, int]:
-    """The thread, its row locked till the transaction ends, and the next turn's number.
-    Turns sent at once to one thread queue here, one after the other."""
+def take_turn_number(session: Session, tenant_id: str, thread_id: str) -> int:
+    """The thread's next turn number, its row locked till the transaction ends (NotFound for
+    another tenant's thread). Turns sent at once to one thread queue here, one by one."""
     number = session.scalar(
         update(Thread)
         .where(Thread.id == thread_id, Thread.tenant_id == tenant_id)
@@ -88,9 +100,7 @@ def take_turn_number(session: Session, tenant_id: str, thread_id: str) -> tuple[
     )
     if number is None:
         raise NotFound(f"no thread {thread_id}")
-    thread = session.get(Thread, thread_id, populate_existing=True)
-    assert thread is not None
-    return thread, number
+    return number
 
 
 def lock_thread(session: Session, tenant_id: str, thread_id: str) -> Thread:
@@ -141,9 +151,37 @@ def roll_back(session: Session, task_ids: Sequence[str]) -> None:
         )
 
 
-# The held turns' partial index (``ix_tasks_held``) answers this with its predicate's values
-# written into the SQL, not bound.
-_HELD_SQL = "tasks.turn_held AND tasks.status = 'queued'"
+def _release_statements() -> tuple[Select[Any], Update]:
+    """Which held turns are due for release (each thread's oldest held turn, every earlier
+    turn ended), and their release: built once, as they run in every dispatcher round. The
+    held turns' partial index (``ix_tasks_held``) answers the first with the predicate's
+    values written into the SQL, not bound."""
+    tasks, running, earlier = TASKS, TASKS.alias("running"), TASKS.alias("earlier")
+    unfinished = ", ".join(f"'{status}'" for status in in_order(TERMINAL_STATUSES))
+    due = (
+        select(tasks.c.id)
+        .where(text("tasks.turn_held AND tasks.status = 'queued'"))
+        .where(
+            ~exists()
+            .where(running.c.thread_id == tasks.c.thread_id)
+            .where(text(f"NOT running.turn_held AND running.status NOT IN ({unfinished})")),
+            ~exists()
+            .where(earlier.c.thread_id == tasks.c.thread_id, earlier.c.turn < tasks.c.turn)
+            .where(text("earlier.turn_held AND earlier.status = 'queued'")),
+        )
+    )
+    release = (
+        update(tasks)
+        .where(tasks.c.id.in_(bindparam("ids", expanding=True)))
+        .where(text("tasks.turn_held AND tasks.status = 'queued'"))
+        .values(turn_held=False, due_ms=now_ms(), updated_at=bindparam("now"))
+        .returning(tasks.c.id)
+    )
+    return due, release
+
+
+TASKS = cast(Table, Task.__table__)
+_DUE, _RELEASE = _release_statements()
 
 
 def release_held(session: Session) -> list[str]:
@@ -151,36 +189,12 @@ def release_held(session: Session) -> list[str]:
     in the backlog, for this same round to admit. Returns the turns released. A turn another
     dispatcher released meanwhile is not released twice (``turn_held`` in the UPDATE's
     condition); and should anything release a turn while another of its thread runs, the
-    unique index ``uq_tasks_thread_running`` refuses the write."""
-    running = aliased(Task)
-    earlier = aliased(Task)
-    due = session.scalars(
-        select(Task.id)
-        .where(text(_HELD_SQL))
-        .where(
-            ~exists().where(
-                running.thread_id == Task.thread_id,
-                running.turn_held.is_(False),
-                running.status.not_in(in_order(TERMINAL_STATUSES)),
-            ),
-            ~exists().where(
-                earlier.thread_id == Task.thread_id,
-                earlier.turn_held.is_(True),
-                earlier.status == TaskStatus.QUEUED,
-                earlier.turn < Task.turn,
-            ),
-        )
-    ).all()
+    unique index ``uq_tasks_thread_running`` refuses the write. Nothing held: one read of
+    an empty index."""
+    due = list(session.execute(_DUE).scalars())
     if not due:
         return []
-    released = session.scalars(
-        update(Task)
-        .where(Task.id.in_(due), Task.turn_held.is_(True), Task.status == TaskStatus.QUEUED)
-        .values(turn_held=False, due_ms=now_ms(), updated_at=utcnow())
-        .returning(Task.id)
-        .execution_options(synchronize_session=False)
-    ).all()
-    return list(released)
+    return list(session.execute(_RELEASE, {"ids": due, "now": utcnow()}).scalars())
 
 
 def latest_turn(session: Session, thread_id: str) -> Task | None:
