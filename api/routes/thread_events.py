@@ -33,7 +33,7 @@ from api.event_hub import hub
 from api.params import parse_seq
 from api.problems import DATABASE_RETRY_AFTER_SECONDS, DATABASE_UNAVAILABLE, responses
 from api.stream_limits import StreamReader
-from shared.errors import InvalidRequest
+from shared.errors import InvalidRequest, NotFound
 from shared.store import threads
 from shared.store.db import get_sessionmaker
 from shared.store.events import TERMINAL_EVENT_TYPES, last_event, list_events
@@ -157,9 +157,13 @@ def _error_event(slug: str, detail: str) -> str:
 
 
 async def _ending_cleanly(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``stream``, ended by an ``error`` event if the database becomes unavailable, and ended
+    (its response complete) if the thread is deleted while it streams."""
     try:
         async for chunk in stream:
             yield chunk
+    except NotFound:
+        return
     except DATABASE_UNAVAILABLE:
         detail = "the database is unavailable; reconnect with Last-Event-ID shortly"
         yield _error_event("database-unavailable", detail)
