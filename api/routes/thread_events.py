@@ -169,9 +169,11 @@ async def _ending_cleanly(stream: AsyncIterator[str]) -> AsyncIterator[str]:
         yield _error_event("database-unavailable", detail)
 
 
-def _check_exists(tenant_id: str, thread_id: str) -> None:
+def _first_turn(tenant_id: str, thread_id: str) -> int:
+    """The thread's first own turn (a fork's turns before it are its source's, streamed
+    there); NotFound for another tenant's thread."""
     with get_sessionmaker()() as session, session.begin():
-        threads.get_thread(session, tenant_id, thread_id)
+        return (threads.get_thread(session, tenant_id, thread_id).fork_turn or 0) + 1
 
 
 @router.get(
@@ -217,7 +219,9 @@ async def stream_thread_events(
         start = parse_position(after, field="after")
     else:
         start = parse_position(last_event_id)
-    await run_in_threadpool(_check_exists, principal.tenant_id, thread_id)
+    first = await run_in_threadpool(_first_turn, principal.tenant_id, thread_id)
+    if start.turn < first:
+        start = Position(first, 0)
     return StreamingResponse(
         _ending_cleanly(
             _stream(

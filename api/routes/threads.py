@@ -20,9 +20,11 @@ from api.params import cursor_after, parse_seq
 from api.problems import responses
 from api.routes.tasks import SUBMIT_RESPONSES
 from api.schemas.threads import (
+    ForkOrigin,
     MessageList,
     MessageOut,
     ThreadCreate,
+    ThreadFork,
     ThreadList,
     ThreadView,
     TurnCreate,
@@ -61,6 +63,11 @@ def thread_view(thread: Thread, latest: Task | None) -> ThreadView:
         created_at=created_at,
         updated_at=updated_at,
         latest_turn=task_view(latest) if latest is not None else None,
+        forked_from=(
+            ForkOrigin(thread_id=thread.forked_from, turn=thread.fork_turn or 0)
+            if thread.forked_from is not None
+            else None
+        ),
     )
 
 
@@ -156,7 +163,7 @@ def _metadata_filters(request: Request) -> dict[str, str]:
     responses=responses(
         {
             404: "no such thread (another tenant's thread is not found either)",
-            409: "a turn is unfinished: cancel it first",
+            409: "a turn is unfinished (cancel it first), or the thread has forks",
         }
     ),
 )
@@ -165,6 +172,33 @@ def delete_thread(thread_id: str, principal: Writer, session: SessionDep) -> Res
     the answer is 409: cancel it (``POST /v1/tasks/{id}/cancel``) and delete once it ended."""
     thread_actions.delete(session, principal.tenant_id, thread_id)
     return Response(status_code=204)
+
+
+@router.post(
+    "/{thread_id}/fork",
+    status_code=201,
+    response_model=ThreadView,
+    summary="Fork a thread at a turn",
+    responses=responses(
+        {
+            404: "no such thread (another tenant's thread is not found either)",
+            409: "one of the turns to hold is unfinished",
+            422: "the body is invalid, or names a turn the thread does not have",
+        }
+    ),
+)
+def fork_thread(
+    thread_id: str, body: ThreadFork, principal: Writer, session: SessionDep, response: Response
+) -> ThreadView:
+    """A new thread (same agent) holding turns 1..``turn`` of this one: its next turn reads
+    them as their committed steps (no model call or tool call is made again), then its own
+    messages. The source is unchanged, and cannot be deleted while it has forks. Needs the
+    ``tasks:write`` scope."""
+    fork = thread_actions.fork(
+        session, principal.tenant_id, thread_id, turn=body.turn, metadata=body.metadata
+    )
+    response.headers["Location"] = f"/v1/threads/{fork.id}"
+    return thread_view(fork, None)
 
 
 async def turn_body(request: Request, _: Writer) -> TurnCreate:

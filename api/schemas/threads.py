@@ -51,6 +51,21 @@ class TurnCreate(TaskCreate):
     )
 
 
+class ThreadFork(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"turn": 2}]})
+
+    turn: int = Field(ge=1, le=2**31 - 1, description="the new thread holds turns 1..turn")
+    metadata: (
+        Annotated[dict[Annotated[Text, Field(max_length=100)], MetadataValue], Field(max_length=50)]
+        | None
+    ) = Field(None, description="the new thread's (default: the source thread's)")
+
+
+class ForkOrigin(BaseModel):
+    thread_id: str
+    turn: int = Field(description="the source's turns 1..turn are this thread's first turns")
+
+
 class ThreadView(BaseModel):
     id: str
     agent: str
@@ -60,6 +75,7 @@ class ThreadView(BaseModel):
     created_at: datetime
     updated_at: datetime
     latest_turn: TaskView | None = Field(description="the latest turn's task, if any")
+    forked_from: ForkOrigin | None = Field(None, description="for a fork: its source")
 
 
 class ThreadList(BaseModel):

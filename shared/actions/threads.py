@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from shared.actions.effects import NONE, Effects, of_task
 from shared.actions.tasks import Submitted, direct
-from shared.errors import Conflict, IdempotencyMismatch
+from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
 from shared.scheduling import caps
 from shared.statuses import TERMINAL_STATUSES
 from shared.store import tasks, threads
@@ -162,4 +162,33 @@ def delete(session: Session, tenant_id: str, thread_id: str) -> None:
             raise Conflict(
                 f"thread {thread_id} has an unfinished turn ({turns}); cancel it, then delete"
             )
+        if threads.has_forks(session, thread.id):
+            raise Conflict(
+                f"thread {thread_id} has forks, whose history it holds: delete them first"
+            )
         threads.delete_thread(session, thread)
+
+
+def fork(
+    session: Session,
+    tenant_id: str,
+    thread_id: str,
+    *,
+    turn: int,
+    metadata: dict[str, Any] | None,
+) -> Thread:
+    """A new thread holding the thread's turns 1..``turn`` (by reference: their committed
+    steps are read, never copied, never asked for again). InvalidRequest for a turn the
+    thread has not numbered; Conflict while one of those turns is unfinished (its history is
+    not settled yet)."""
+    with session.begin():
+        source = threads.lock_thread(session, tenant_id, thread_id)
+        if turn > source.turns:
+            raise InvalidRequest("turn", f"thread {thread_id} has {source.turns} turns")
+        unfinished = threads.unfinished_through(session, source.id, turn)
+        if unfinished:
+            listed = ", ".join(str(n) for n in unfinished)
+            raise Conflict(
+                f"thread {thread_id}'s turn {listed} is unfinished: fork once it has ended"
+            )
+        return threads.fork_thread(session, source, turn=turn, metadata=metadata)

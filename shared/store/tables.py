@@ -443,17 +443,27 @@ _UNFINISHED_SQL = "status NOT IN ('succeeded', 'failed', 'cancelled')"
 
 class Thread(Base):
     """A conversation: its turns are tasks (``tasks.thread_id``, ``tasks.turn``), and its
-    history is their committed steps, never a copy. ``turns`` counts the turns numbered so
+    history is their committed steps (and a fork's, its source's up to ``fork_turn``), never
+    a copy. ``turns`` counts the turns numbered so
     far; taking the next number is what serializes two turns sent at once."""
 
     __tablename__ = "threads"
-    __table_args__ = (Index("ix_threads_tenant_id_id", "tenant_id", "id"),)
+    __table_args__ = (
+        Index("ix_threads_tenant_id_id", "tenant_id", "id"),
+        Index("ix_threads_forked_from", "forked_from", **_where("forked_from IS NOT NULL")),
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     agent: Mapped[str] = mapped_column(String(100))
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType)
     turns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A fork: its history holds this thread's turns 1..fork_turn (read there, never copied),
+    # and its own turns are numbered after them. A thread with forks is not deleted.
+    forked_from: Mapped[str | None] = mapped_column(
+        ForeignKey("threads.id", name="fk_threads_forked_from")
+    )
+    fork_turn: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

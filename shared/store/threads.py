@@ -244,6 +244,41 @@ def list_threads(
     return rows[:limit], (rows[limit - 1].id if more else None)
 
 
+def fork_thread(
+    session: Session, source: Thread, *, turn: int, metadata: dict[str, Any] | None
+) -> Thread:
+    """A new thread of ``source``'s tenant and agent whose history is ``source``'s turns
+    1..``turn`` (read there), its own turns numbered after them; ``metadata`` (None: the
+    source's). The caller has checked those turns have all ended."""
+    now = utcnow()
+    fork = Thread(
+        id=new_id(),
+        tenant_id=source.tenant_id,
+        agent=source.agent,
+        meta=source.meta if metadata is None else metadata,
+        turns=turn,
+        forked_from=source.id,
+        fork_turn=turn,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(fork)
+    session.flush()
+    return fork
+
+
+def unfinished_through(session: Session, thread_id: str, turn: int) -> list[int]:
+    """The numbers of the thread's own turns up to ``turn`` not ended yet."""
+    numbers = session.scalars(
+        select(Task.turn).where(Task.thread_id == thread_id, Task.turn <= turn, _unfinished())
+    ).all()
+    return [n for n in numbers if n is not None]
+
+
+def has_forks(session: Session, thread_id: str) -> bool:
+    return session.scalar(select(exists().where(Thread.forked_from == thread_id))) or False
+
+
 def delete_thread(session: Session, thread: Thread) -> None:
     """The thread and its turns, with everything they wrote (their rows cascade)."""
     session.delete(thread)
@@ -261,6 +296,34 @@ class PastTurn:
     calls: list[ToolCall]
 
 
+def _turn_rows(
+    session: Session, thread_id: str, *, before: int | None, after: int, limit: int | None
+) -> list[Any]:
+    """(id, turn, input) of the turns ``history`` reads, the source's first for a fork."""
+    rows: list[Any] = []
+    lineage = session.execute(
+        select(Thread.forked_from, Thread.fork_turn).where(Thread.id == thread_id)
+    ).one_or_none()
+    if lineage is not None and lineage.forked_from is not None and after < lineage.fork_turn:
+        cap = lineage.fork_turn + 1
+        rows = _turn_rows(
+            session,
+            lineage.forked_from,
+            before=cap if before is None else min(before, cap),
+            after=after,
+            limit=limit,
+        )
+    left = None if limit is None else limit - len(rows)
+    if left is not None and left <= 0:
+        return rows
+    query = select(Task.id, Task.turn, Task.input).where(
+        Task.thread_id == thread_id, Task.rolled_back.is_(False), Task.turn > after
+    )
+    if before is not None:
+        query = query.where(Task.turn < before)
+    return rows + list(session.execute(query.order_by(Task.turn).limit(left)).all())
+
+
 def history(
     session: Session,
     thread_id: str,
@@ -271,15 +334,11 @@ def history(
 ) -> list[PastTurn]:
     """The thread's turns in its history (not rolled back), numbered after ``after`` and
     before ``before`` (None: all), oldest first, the first ``limit`` of them (None: all),
-    each with its completed steps: two reads, however many turns. A step whose tools had not
+    each with its completed steps: two reads, however many turns (and one per fork in its
+    lineage: a fork's turns up to ``fork_turn`` are its source's). A step whose tools had not
     all run when its turn ended (cancelled mid-step) is left out, so a tool call is never
     without its outcome."""
-    query = select(Task.id, Task.turn, Task.input).where(
-        Task.thread_id == thread_id, Task.rolled_back.is_(False), Task.turn > after
-    )
-    if before is not None:
-        query = query.where(Task.turn < before)
-    turns = session.execute(query.order_by(Task.turn).limit(limit)).all()
+    turns = _turn_rows(session, thread_id, before=before, after=after, limit=limit)
     if not turns:
         return []
     ids = [row.id for row in turns]

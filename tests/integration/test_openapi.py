@@ -50,6 +50,7 @@ SEMANTIC_422 = (
     "POST /v1/threads",  # a registered agent
     "GET /v1/threads",
     "POST /v1/threads/{thread_id}/runs",  # a submission as above, of the thread's agent
+    "POST /v1/threads/{thread_id}/fork",  # a turn the thread has
     "GET /v1/threads/{thread_id}/messages",
     "GET /v1/threads/{thread_id}/events",  # ``Last-Event-ID`` is ``<turn>:<seq>``
 )
@@ -139,7 +140,7 @@ def test_every_operation_passes_every_check(
             if failure:
                 failures.append(failure)
     assert not failures, "\n\n".join(failures)
-    assert len(seen) == 45, sorted(seen)
+    assert len(seen) == 46, sorted(seen)
     # The key was taken: every authenticated operation got past authentication at least once.
     assert [label for label, statuses in seen.items() if statuses <= {401}] == []
     assert {200, 422} <= seen["GET /v1/tasks/{task_id}/events"]

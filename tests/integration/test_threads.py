@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -270,3 +271,76 @@ def test_the_context_policy_cuts_the_whole_history_keeping_the_first_message_and
     assert last[-1] == {"role": "user", "content": "Now tell me what you read."}
     assert any("left out here" in str(m["content"]) for m in last)
     assert all(unpaired_calls(prompt) == [] for prompt in reader.prompts)
+
+
+def test_a_fork_holds_the_turns_it_was_forked_at_and_asks_nothing_again(
+    client: TestClient,
+    tenant: TenantHandle,
+    openai_provider: OpenAIServer,
+    drive: Callable[..., str],
+    journal: Path,
+) -> None:
+    source = new_thread(client, tenant)
+    for k in (1, 2, 3):
+        openai_provider.reply(
+            tool_call("upsert_record", {"key": f"key-{k}"}), answer(f"answer {k}")
+        )
+        assert drive(send(client, tenant, source, f"message {k}")["id"]) == "succeeded"
+    asked, effects = len(openai_provider.requests), journal.read_text().splitlines()
+    assert (asked, len(effects)) == (6, 3)
+
+    response = client.post(f"/v1/threads/{source}/fork", json={"turn": 2}, headers=tenant.headers)
+    assert response.status_code == 201, response.text
+    fork = response.json()
+    assert fork["forked_from"] == {"thread_id": source, "turn": 2}
+    assert (fork["turns"], fork["status"], fork["agent"]) == (2, "idle", "ops")
+    assert len(openai_provider.requests) == asked  # forking asks the model nothing
+    assert journal.read_text().splitlines() == effects  # and runs no tool
+
+    openai_provider.reply(answer("answer to the fork"))
+    turn = send(client, tenant, fork["id"], "message 3b")
+    assert (turn["thread_id"], turn["turn"]) == (fork["id"], 3)
+    assert drive(turn["id"]) == "succeeded"
+    assert len(openai_provider.requests) == asked + 1  # only the fork's own turn
+    assert journal.read_text().splitlines() == effects
+    assert shape(openai_provider.requests[-1].messages) == [
+        {"role": "system", "content": SYSTEM},
+        *said_in_turn(1),
+        *said_in_turn(2),
+        {"role": "user", "content": "message 3b"},
+    ]
+    messages = client.get(f"/v1/threads/{fork['id']}/messages", headers=tenant.headers).json()
+    assert [(m["turn"], m["role"]) for m in messages["items"]][-2:] == [
+        (3, "user"),
+        (3, "assistant"),
+    ]
+    assert len(messages["items"]) == 4 + 4 + 2
+    # The source is untouched, and holds its fork's history: it is not deleted under it.
+    source_view = client.get(f"/v1/threads/{source}", headers=tenant.headers).json()
+    assert (source_view["turns"], source_view["forked_from"]) == (3, None)
+    refused = client.delete(f"/v1/threads/{source}", headers=tenant.headers)
+    assert refused.status_code == 409
+    assert client.delete(f"/v1/threads/{fork['id']}", headers=tenant.headers).status_code == 204
+    assert client.delete(f"/v1/threads/{source}", headers=tenant.headers).status_code == 204
+
+
+def test_a_fork_needs_a_turn_the_thread_has_and_has_ended(
+    client: TestClient, tenant: TenantHandle, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    source = new_thread(client, tenant)
+    send(client, tenant, source, "message 1", **SCRIPTED)  # queued: unfinished
+    for body, status in (
+        ({"turn": 1}, 409),
+        ({"turn": 2}, 422),
+        ({"turn": 0}, 422),
+        ({"turn": "one"}, 422),
+    ):
+        response = client.post(f"/v1/threads/{source}/fork", json=body, headers=tenant.headers)
+        assert response.status_code == status, (body, response.text)
+        assert response.headers["content-type"] == "application/problem+json"
+    other = client.post(
+        f"/v1/threads/{source}/fork", json={"turn": 1}, headers=make_tenant().headers
+    )
+    assert other.status_code == 404
+    listed = client.get("/v1/threads", headers=tenant.headers).json()["items"]
+    assert [t["id"] for t in listed] == [source]  # nothing was created

@@ -1,5 +1,8 @@
 """Threads: conversations whose turns are tasks, and how a turn joins its thread.
 
+A fork of a thread (``forked_from``, ``fork_turn``) holds its source's turns up to
+``fork_turn`` in its history by reference, and numbers its own turns after them.
+
 A turn is a task with ``thread_id`` and ``turn`` (its number in the thread, from 1). A turn
 sent while an earlier one is unfinished waits, ``turn_held``, until the dispatcher releases it
 (``shared.store.threads``); a partial unique index lets at most one turn of a thread be
@@ -39,10 +42,16 @@ def upgrade() -> None:
         sa.Column("agent", sa.String(length=100), nullable=False),
         sa.Column("metadata", JSON, nullable=False),
         sa.Column("turns", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("forked_from", sa.String(length=36), nullable=True),
+        sa.Column("fork_turn", sa.Integer(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(["forked_from"], ["threads.id"], name="fk_threads_forked_from"),
         sa.PrimaryKeyConstraint("id"),
+    )
+    op.create_index(
+        "ix_threads_forked_from", "threads", ["forked_from"], **_where("forked_from IS NOT NULL")
     )
     op.create_index("ix_threads_tenant_id_id", "threads", ["tenant_id", "id"])
     with op.batch_alter_table("tasks", schema=None) as batch_op:
@@ -84,5 +93,6 @@ def downgrade() -> None:
         batch_op.drop_column("turn_held")
         batch_op.drop_column("turn")
         batch_op.drop_column("thread_id")
+    op.drop_index("ix_threads_forked_from", table_name="threads")
     op.drop_index("ix_threads_tenant_id_id", table_name="threads")
     op.drop_table("threads")
