@@ -289,3 +289,38 @@ def test_one_stream_carries_every_turns_events_in_order_and_resumes_after_any(
     assert resumed == expected[5:]
     last_of_first = f"1:{len(logs[0])}"
     assert events_of(tenant, thread_id, after=last_of_first, count=1) == [expected[len(logs[0])]]
+
+
+def test_a_turn_waiting_for_approval_holds_the_next_turn_until_it_ends(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    """Approvals apply to turns as to any task, and a turn that waits for a person still
+    keeps the thread's next turn waiting (it never runs while the decision is pending)."""
+    from tests.helpers import admit
+
+    thread_id = new_thread(client, tenant)
+    script = [tool_turn("wire_money", to="alice", amount=900), {"content": "wired"}]
+    body = {"input": "pay alice", "model": "scripted", "model_options": {"script": script}}
+    first = client.post(f"/v1/threads/{thread_id}/runs", json=body, headers=tenant.headers)
+    assert drive(first.json()["id"]) == "awaiting_approval"
+    thread = client.get(f"/v1/threads/{thread_id}", headers=tenant.headers).json()
+    assert thread["status"] == "awaiting_approval"
+
+    second = turn(client, tenant, thread_id, "and then?")
+    admit()
+    with transaction() as session:
+        held = session.get(Task, second["id"])
+        assert held is not None
+        assert (held.turn_held, held.admitted_ms) == (True, None)
+
+    decided = client.post(
+        f"/v1/tasks/{first.json()['id']}/approvals/1-0",
+        json={"decision": "approve"},
+        headers=tenant.headers,
+    )
+    assert decided.status_code == 200, decided.text
+    assert drive(first.json()["id"]) == "succeeded"
+    admit()
+    assert drive(second["id"]) == "succeeded"
+    thread = client.get(f"/v1/threads/{thread_id}", headers=tenant.headers).json()
+    assert (thread["status"], thread["latest_turn"]["id"]) == ("idle", second["id"])
