@@ -108,12 +108,22 @@ async def _stream(
     request: Request, tenant_id: str, thread_id: str, start: Position, *, approval_links: bool
 ) -> AsyncIterator[str]:
     at, quiet_since = start, time.monotonic()
-    async with hub.watch(thread_id) as new_turn:
+    async with hub.watch(thread_id) as new_turn, contextlib.AsyncExitStack() as watching:
+        watched: str | None = None
+        changed = asyncio.Event()  # the current turn's wake-ups, once it is watched
         while not hub.closing:
             new_turn.clear()
+            changed.clear()
             read = await run_in_threadpool(
                 read_turn, tenant_id, thread_id, at, approval_links=approval_links
             )
+            if read.task_id is not None and read.task_id != watched:
+                # Watch the turn's task from now on, then read again: no wake-up between the
+                # read and the watch is missed.
+                await watching.aclose()
+                changed = await watching.enter_async_context(hub.watch(read.task_id))
+                watched = read.task_id
+                continue
             for seq, type_, data in read.events:
                 at = Position(at.turn, seq)
                 yield f"id: {at.id}\nevent: {type_}\ndata: {data}\n\n"
@@ -126,28 +136,23 @@ async def _stream(
                 continue
             if await request.is_disconnected():
                 return
-            await _wait(read.task_id, new_turn)
+            await _wait(changed, new_turn)
             if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
                 yield ": keep-alive\n\n"
                 quiet_since = time.monotonic()
     yield _error_event("shutting-down", "the server is stopping; reconnect with Last-Event-ID")
 
 
-async def _wait(task_id: str | None, new_turn: asyncio.Event) -> None:
+async def _wait(changed: asyncio.Event, new_turn: asyncio.Event) -> None:
     """Until the current turn has new events or the thread a new turn (or the fallback)."""
-    if task_id is None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(new_turn.wait(), timeout=FALLBACK_POLL_SECONDS)
-        return
-    async with hub.watch(task_id) as changed:
-        waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(new_turn.wait())]
-        try:
-            await asyncio.wait(
-                waits, timeout=FALLBACK_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for waiting in waits:
-                waiting.cancel()
+    waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(new_turn.wait())]
+    try:
+        await asyncio.wait(
+            waits, timeout=FALLBACK_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for waiting in waits:
+            waiting.cancel()
 
 
 def _error_event(slug: str, detail: str) -> str:

@@ -4,6 +4,7 @@ thread (a 404 on every route) and bad input (a problem, and nothing changed)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -244,6 +245,18 @@ class Connected:
 def events_of(tenant: TenantHandle, thread_id: str, *, after: str | None, count: int) -> list[str]:
     """The first ``count`` events the thread's stream sends (``after``: Last-Event-ID), as
     ``<id> <type>``."""
+    return events_until(tenant, thread_id, after=after, until=lambda got: len(got) == count)
+
+
+def events_until(
+    tenant: TenantHandle,
+    thread_id: str,
+    *,
+    after: str | None,
+    until: Callable[[list[str]], bool],
+) -> list[str]:
+    """The events the thread's stream sends (``after``: Last-Event-ID) as ``<id> <type>``,
+    until ``until`` says it has them all."""
     from api.routes import thread_events
 
     async def read() -> list[str]:
@@ -261,7 +274,7 @@ def events_of(tenant: TenantHandle, thread_id: str, *, after: str | None, count:
                 if chunk.startswith("id: "):
                     lines = chunk.splitlines()
                     got.append(f"{lines[0][4:]} {lines[1][7:]}")
-                if len(got) == count:
+                if until(got):
                     break
         finally:
             await stream.aclose()
@@ -324,3 +337,42 @@ def test_a_turn_waiting_for_approval_holds_the_next_turn_until_it_ends(
     assert drive(second["id"]) == "succeeded"
     thread = client.get(f"/v1/threads/{thread_id}", headers=tenant.headers).json()
     assert (thread["status"], thread["latest_turn"]["id"]) == ("idle", second["id"])
+
+
+def test_the_stream_outlives_a_turn_and_carries_the_next_one_live(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    import threading
+
+    thread_id = new_thread(client, tenant)
+    first = turn(client, tenant, thread_id, "message 1")["id"]
+    drive(first)
+    later: list[str] = []
+
+    def next_turn() -> None:  # once the stream has sent turn 1 and waits
+        time.sleep(1.0)
+        later.append(turn(client, tenant, thread_id, "message 2")["id"])
+        drive(later[0])
+
+    sender = threading.Thread(target=next_turn)
+    sender.start()
+    got = events_until(
+        tenant,
+        thread_id,
+        after=None,
+        until=lambda got: got[-1].startswith("2:") and got[-1].endswith(" task.succeeded"),
+    )
+    sender.join(60)
+    logs = [
+        [
+            line[7:]
+            for line in client.get(
+                f"/v1/tasks/{task_id}/events", headers=tenant.headers
+            ).text.splitlines()
+            if line.startswith("event: ")
+        ]
+        for task_id in (first, later[0])
+    ]
+    assert got == [
+        f"{k}:{seq} {type_}" for k, log in enumerate(logs, 1) for seq, type_ in enumerate(log, 1)
+    ]
