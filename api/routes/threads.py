@@ -83,13 +83,6 @@ def create_thread(
 ) -> ThreadView:
     """A conversation with ``agent``: send it turns with ``POST /v1/threads/{id}/runs``.
     Needs the ``tasks:write`` scope."""
-    from shared.agents.registry import get_agent
-    from shared.errors import NotFound
-
-    try:
-        get_agent(body.agent)
-    except NotFound as exc:
-        raise InvalidRequest("agent", str(exc)) from exc
     thread = thread_actions.create(
         session, principal.tenant_id, agent=body.agent, metadata=body.metadata
     )

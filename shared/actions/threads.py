@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 
 from shared.actions.effects import NONE, Effects, of_task
 from shared.actions.tasks import Submitted, direct
-from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest
+from shared.agents.registry import get_agent
+from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest, NotFound
 from shared.scheduling import caps
 from shared.statuses import TERMINAL_STATUSES
 from shared.store import tasks, threads
@@ -44,7 +45,11 @@ class Strategy(StrEnum):
 
 
 def create(session: Session, tenant_id: str, *, agent: str, metadata: dict[str, Any]) -> Thread:
-    """A new thread, with no turn yet."""
+    """A new thread of a registered agent (InvalidRequest otherwise), with no turn yet."""
+    try:
+        get_agent(agent)
+    except NotFound as exc:
+        raise InvalidRequest("agent", str(exc)) from exc
     with session.begin():
         return threads.create_thread(session, tenant_id, agent=agent, metadata=metadata)
 
