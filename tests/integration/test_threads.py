@@ -18,6 +18,7 @@ from tests.conftest import Configure, TenantHandle
 from tests.fakes.openai_server import OpenAIServer, answer, stall, tool_call
 from tests.fakes.reader import Reader, unpaired_calls
 from tests.helpers import admit
+from tests.integration.test_api import fire_together, live_url  # noqa: F401
 from tests.integration.test_context_window import MODEL as READER_MODEL
 from tests.integration.test_context_window import RESERVE as READER_RESERVE
 from tests.integration.test_context_window import WINDOW as READER_WINDOW
@@ -344,3 +345,35 @@ def test_a_fork_needs_a_turn_the_thread_has_and_has_ended(
     assert other.status_code == 404
     listed = client.get("/v1/threads", headers=tenant.headers).json()["items"]
     assert [t["id"] for t in listed] == [source]  # nothing was created
+
+
+def test_turns_sent_at_once_are_numbered_in_turn_and_only_the_first_is_not_held(
+    live_url: str,  # noqa: F811
+    tenant: TenantHandle,
+) -> None:
+    """Ten turns at once on an idle thread (real HTTP, one thread each): ten numbers, one
+    runnable turn, nine waiting behind it; the same with every one an ``interrupt``."""
+    import httpx
+
+    with httpx.Client(base_url=live_url, headers=tenant.headers) as http:
+        thread_id = http.post("/v1/threads", json={"agent": "ops"}).json()["id"]
+    for strategy in ("enqueue", "interrupt"):
+        body = {"input": "hi", "multitask_strategy": strategy} | SCRIPTED
+        answers = fire_together(
+            live_url,
+            lambda http, body=body: http.post(
+                f"/v1/threads/{thread_id}/runs", json=body, headers=tenant.headers
+            ),
+            count=10,
+        )
+        assert [a.status_code for a in answers] == [202] * 10, [a.text for a in answers]
+        with transaction() as session:
+            turns = session.query(Task).filter(Task.thread_id == thread_id).all()
+            unfinished = [t for t in turns if t.status not in ("succeeded", "failed", "cancelled")]
+            runnable = [t.turn for t in unfinished if not t.turn_held]
+        assert sorted(t.turn for t in turns) == list(range(1, len(turns) + 1))
+        assert len(runnable) <= 1, runnable
+        if strategy == "enqueue":
+            assert runnable == [1]
+        else:  # each cancelled the ones before it, none of which a worker held
+            assert [t.turn for t in unfinished] == [20]
