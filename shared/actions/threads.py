@@ -1,4 +1,4 @@
-"""What a client can do to a thread: create it, send it a turn, delete it.
+"""What a client can do to a thread: create it, send it a turn, fork it, delete it.
 
 A turn is a task submitted as any other (the same checks, caps, webhooks and scheduling),
 linked to its thread; its conversation is the thread's history plus its own input, built by

@@ -3,7 +3,9 @@
 A turn is an ordinary task with ``thread_id`` and ``turn`` (its number, from 1). The thread's
 history is what its earlier turns committed — each one's input, then its completed steps and
 their tool calls' outcomes, in order — read from their rows, never copied. A turn cancelled
-by a ``rollback`` is ``rolled_back``: it leaves the history, its rows stay for audit.
+by a ``rollback`` is ``rolled_back``: it leaves the history, its rows stay for audit. A fork
+(``forked_from``, ``fork_turn``) reads its source's turns up to ``fork_turn`` as the start of
+its own history, and numbers its own turns after them.
 
 One turn of a thread runs at a time. A turn sent while another is unfinished is inserted
 ``turn_held``, with no due time, so the dispatcher never admits it (it admits only what is
