@@ -32,11 +32,14 @@ from api.routes import (
     overview,
     schedules,
     tasks,
+    thread_events,
+    threads,
     webhook_endpoints,
     webhooks,
 )
 from api.schemas.fields import forbid_nul_in_request_bodies
 from api.schemas.tasks import document_submission
+from api.schemas.threads import document_turn
 from api.security_headers import SecurityHeadersMiddleware
 from api.shutdown import on_exit_signal
 from api.url_credentials import UrlCredentialsMiddleware
@@ -114,6 +117,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         document_submission(components)
+        document_turn(components)
         components["Problem"] = Problem.model_json_schema(ref_template=REFS)
         components.update(components["Problem"].pop("$defs", {}))
         forbid_nul_in_request_bodies(schema)
@@ -129,6 +133,7 @@ TAGS = [
     {"name": "agents", "description": "The registered agents and their tools."},
     {"name": "keys", "description": "A tenant admin's API keys."},
     {"name": "schedules", "description": "Tasks submitted on a cron expression, a tenant's own."},
+    {"name": "threads", "description": "Conversations whose turns are tasks, and their history."},
     {
         "name": "admin",
         "description": "Overviews, the fleet, task search and rate limits (operator or tenant).",
@@ -179,6 +184,8 @@ def create_app() -> FastAPI:
         overview,
         schedules,
         forks,
+        threads,
+        thread_events,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     app.include_router(health.router, responses=ANY_REQUEST)

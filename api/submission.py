@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
@@ -32,16 +32,19 @@ from shared.settings import Settings, get_settings
 from shared.store.tasks import NewTask
 from shared.webhooks.egress import check_url
 
+Body = TypeVar("Body", bound=TaskCreate)
 
-def parse(raw: bytes) -> TaskCreate:
-    """The request body as a TaskCreate, or a RequestValidationError naming each bad field.
+
+def parse(raw: bytes, schema: type[Body] = TaskCreate) -> Body:  # type: ignore[assignment]
+    """The request body as a TaskCreate (or ``schema``, one that extends it), or a
+    RequestValidationError naming each bad field.
 
     Pydantic's JSON parser reads the body (it refuses NaN, Infinity and nesting past its
     recursion limit, where ``json.loads`` would raise RecursionError); the document is read
     again only when the body is invalid, to name the fields.
     """
     try:
-        return TaskCreate.model_validate_json(raw or b"null")
+        return schema.model_validate_json(raw or b"null")
     except ValidationError as exc:
         errors: list[Any] = list(exc.errors(include_url=False))
     document = _document(raw)

@@ -127,6 +127,9 @@ class TaskView(BaseModel):
         description="the agent version the task runs (GET /v1/agents/{agent}/versions/{id}), "
         "pinned when it was submitted; null for a task from before versions were pinned",
     )
+    # A thread's turn: its thread and its number there.
+    thread_id: str | None = None
+    turn: int | None = None
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -215,6 +218,10 @@ class TaskState(UsageRow, Protocol):
     def forked_from(self) -> dict[str, Any] | None: ...
     @property
     def agent_version(self) -> str | None: ...
+    @property
+    def thread_id(self) -> str | None: ...
+    @property
+    def turn(self) -> int | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -246,6 +253,8 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         metadata=task.meta,
         forked_from=ForkOrigin.model_validate(task.forked_from) if task.forked_from else None,
         agent_version=task.agent_version,
+        thread_id=task.thread_id,
+        turn=task.turn,
     )
 
 

@@ -32,7 +32,7 @@ from shared.ops.fleet import FleetUnavailable
 from shared.scheduling import admission, concurrency, gate, lead, schedules
 from shared.scheduling.wake import Waiter
 from shared.settings import get_settings
-from shared.store import tenants
+from shared.store import tenants, threads
 from shared.store.db import get_sessionmaker, transaction
 from shared.store.tables import Schedule
 
@@ -150,6 +150,7 @@ class Dispatcher:
         unseen = self.gate.close()  # what went direct lately may not be committed yet
         with transaction() as session:
             lead.lock_round(session)
+            threads.release_held(session)  # a thread's next turn, once the one before it ended
             found = admission.admission_round(
                 session,
                 limits=concurrency.cached(session),

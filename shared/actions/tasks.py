@@ -124,6 +124,11 @@ def cancel(session: Session, tenant_id: str, task_id: str) -> tuple[Task, Effect
 def retry(session: Session, tenant_id: str, task_id: str) -> tuple[Task, Effects]:
     """``failed → queued``: back in the backlog, to resume from its last committed step
     (NotFound, or Conflict unless it failed); the dispatcher is woken to admit it."""
-    with session.begin():
-        logged = tasks.requeue_failed(session, tenant_id, task_id)
+    try:
+        with session.begin():
+            logged = tasks.requeue_failed(session, tenant_id, task_id)
+    except IntegrityError as exc:  # uq_tasks_thread_running: one turn of a thread at a time
+        raise Conflict(
+            f"task {task_id} is a thread's turn, and a later turn of its thread is unfinished"
+        ) from exc
     return logged.task, of_task(logged.task.id, logged.deliveries, wake=True)

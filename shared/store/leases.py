@@ -187,6 +187,8 @@ def _refused_at_sight(read: Any, *, step: int | None) -> LeaseRefused | None:
         return LeaseRefused("missing")
     if read.status not in RUNNABLE_STATUSES:
         return LeaseRefused(f"status is {read.status}")
+    if read.turn_held:  # released by the dispatcher, which then sends a message of its own
+        return LeaseRefused("a thread's turn waiting for the turn before it to end")
     if step is not None and read.steps + 1 != step:
         return LeaseRefused(f"stale message for step {step}; task is at step {read.steps + 1}")
     if read.lease_expires_ms is not None and read.lease_expires_ms > read.clock_ms:

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     bindparam,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -192,6 +193,14 @@ class Task(Base):
     # key's check would lock the version's row for every insert of a task, and every task of
     # an agent shares it; the version row is committed before any task names it.
     agent_version: Mapped[str | None] = mapped_column(String(64))
+    # A thread's turn (see Thread, below): its thread and number there, from 1; held while an
+    # earlier turn is unfinished; rolled back (out of the thread's history, rows kept).
+    thread_id: Mapped[str | None] = mapped_column(
+        ForeignKey("threads.id", ondelete="CASCADE", name="fk_tasks_thread_id")
+    )
+    turn: Mapped[int | None] = mapped_column(Integer)
+    turn_held: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    rolled_back: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 def runnable() -> ColumnElement[bool]:
@@ -451,3 +460,53 @@ class AgentVersion(Base):
     agent: Mapped[str] = mapped_column(String(100))
     definition: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)  # first submitted
+
+
+# --- Threads ------------------------------------------------------------------------------
+
+_UNFINISHED_SQL = "status NOT IN ('succeeded', 'failed', 'cancelled')"
+
+
+class Thread(Base):
+    """A conversation: its turns are tasks (``tasks.thread_id``, ``tasks.turn``), and its
+    history is their committed steps (and a fork's, its source's up to ``fork_turn``), never
+    a copy. ``turns`` counts the turns numbered so
+    far; taking the next number is what serializes two turns sent at once."""
+
+    __tablename__ = "threads"
+    __table_args__ = (
+        Index("ix_threads_tenant_id_id", "tenant_id", "id"),
+        Index("ix_threads_forked_from", "forked_from", **_where("forked_from IS NOT NULL")),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    agent: Mapped[str] = mapped_column(String(100))
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType)
+    turns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A fork: its history holds this thread's turns 1..fork_turn (read there, never copied),
+    # and its own turns are numbered after them. A thread with forks is not deleted.
+    forked_from: Mapped[str | None] = mapped_column(
+        ForeignKey("threads.id", name="fk_threads_forked_from")
+    )
+    fork_turn: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# One number per turn; at most one turn of a thread unfinished and not held (two turns never
+# run at once, guarded here rather than by the code that releases them); the held turns, few.
+Index(
+    "uq_tasks_thread_turn",
+    Task.thread_id,
+    Task.turn,
+    unique=True,
+    **_where("thread_id IS NOT NULL"),
+)
+Index(
+    "uq_tasks_thread_running",
+    Task.thread_id,
+    unique=True,
+    **_where(f"thread_id IS NOT NULL AND NOT turn_held AND {_UNFINISHED_SQL}"),
+)
+Index("ix_tasks_held", Task.thread_id, Task.turn, **_where("turn_held"))

@@ -70,6 +70,11 @@ class NewTask:
     # there it holds as its own (copied in the same transaction).
     forked_from: ForkPoint | None = None
     agent_version: str | None = None  # the agent version it runs (shared.agents.versions)
+    # A thread's turn: its thread, its number there, and whether it waits for an earlier one
+    # (shared.store.threads).
+    thread_id: str | None = None
+    turn: int | None = None
+    turn_held: bool = False
 
 
 def create_task(
@@ -108,6 +113,9 @@ def create_task(
         forked_from=spec.forked_from.as_json() if spec.forked_from else None,
         steps=spec.forked_from.step if spec.forked_from else 0,
         agent_version=spec.agent_version,
+        thread_id=spec.thread_id,
+        turn=spec.turn,
+        turn_held=spec.turn_held,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

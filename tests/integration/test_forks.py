@@ -493,7 +493,8 @@ def test_a_fork_runs_its_origins_agent_version_unless_it_changes_the_tools(
     assert drive(origin) == "succeeded"
     with transaction() as session:  # as if a deploy since had changed the agent
         task = session.get(Task, origin)
-        assert task is not None and task.agent_version is not None
+        assert task is not None
+        assert task.agent_version is not None
         task.agent_version = "0" * 64
     assert _fork(client, tenant, origin, from_step=0)["agent_version"] == "0" * 64
     changed = _fork(client, tenant, origin, from_step=0, tools=["calculator"])

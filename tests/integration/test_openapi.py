@@ -50,6 +50,12 @@ SEMANTIC_422 = (
     "POST /v1/schedules",  # a submission as above, and a cron expression croniter accepts
     "PUT /v1/admin/concurrency/{kind}/{name}",  # a limit valid for its kind
     "POST /v1/tasks/{task_id}/fork",  # a submission as above, from a committed step
+    "POST /v1/threads",  # a registered agent
+    "GET /v1/threads",
+    "POST /v1/threads/{thread_id}/runs",  # a submission as above, of the thread's agent
+    "POST /v1/threads/{thread_id}/fork",  # a turn the thread has
+    "GET /v1/threads/{thread_id}/messages",
+    "GET /v1/threads/{thread_id}/events",  # ``Last-Event-ID`` is ``<turn>:<seq>``
 )
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis's default
 # Invalid data must be refused: schemathesis's default statuses for that, and a body or header
@@ -137,7 +143,7 @@ def test_every_operation_passes_every_check(
             if failure:
                 failures.append(failure)
     assert not failures, "\n\n".join(failures)
-    assert len(seen) == 41, sorted(seen)
+    assert len(seen) == 49, sorted(seen)
     # The key was taken: every authenticated operation got past authentication at least once.
     assert [label for label, statuses in seen.items() if statuses <= {401}] == []
     assert {200, 422} <= seen["GET /v1/tasks/{task_id}/events"]

@@ -67,6 +67,10 @@ _DEFAULTS: dict[str, Any] = {
     "context": None,
     "forked_from": None,
     "agent_version": None,
+    "thread_id": None,
+    "turn": None,
+    "turn_held": False,
+    "rolled_back": False,
 }
 
 

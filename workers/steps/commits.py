@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from shared import failpoints
 from shared.actions import effects
 from shared.errors import CancelRequested
-from shared.statuses import TaskStatus
+from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store.backends import write_session
 from shared.store.batch import Part
 from shared.store.step_write import (
@@ -29,11 +29,18 @@ class TaskEnded(Exception):
     """This message's work is over: the task reached a terminal state or was deferred."""
 
 
-def after_commit(task_id: str, deliveries: list[str]) -> None:
+def after_commit(task_id: str, deliveries: list[str], *, turn_ended: bool = False) -> None:
     """Once events are committed: wake their readers and send their webhooks from this
     process's own sender (``effects.after_commit``). Neither may fail the step: the sweeper
-    re-sends due deliveries, and readers poll as a fallback."""
-    effects.after_commit(effects.of_task(task_id, deliveries), send_webhooks=send_here)
+    re-sends due deliveries, and readers poll as a fallback. A thread's turn that ended
+    wakes the dispatcher, which releases the thread's next turn (``shared.store.threads``)."""
+    done = effects.of_task(task_id, deliveries, wake=turn_ended)
+    effects.after_commit(done, send_webhooks=send_here)
+
+
+def turn_ended(ctx: Context) -> bool:
+    """The write ended a thread's turn: its next turn may be waiting."""
+    return ctx.task.thread_id is not None and ctx.task.status in TERMINAL_STATUSES
 
 
 def send_here(deliveries: list[str]) -> None:
@@ -79,9 +86,9 @@ def fenced(ctx: Context) -> Iterator[Writes]:
     except CancelRequested:
         cancel = Writes(ctx, finish_task(TaskStatus.CANCELLED, error=CANCELLED_ERROR))
         cancel.commit()
-        after_commit(ctx.task.id, cancel.deliveries)
+        after_commit(ctx.task.id, cancel.deliveries, turn_ended=turn_ended(ctx))
         raise TaskEnded from None
-    after_commit(ctx.task.id, writes.deliveries)
+    after_commit(ctx.task.id, writes.deliveries, turn_ended=turn_ended(ctx))
 
 
 def cancel(ctx: Context, *parts: Part) -> NoReturn:

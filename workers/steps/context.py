@@ -20,7 +20,7 @@ from shared.agents.registry import Agent, Tool, get_agent, get_registry
 from shared.context_window import Policy, policy_of
 from shared.mcp.names import is_mcp_name
 from shared.settings import get_settings
-from shared.store import checkpoints, ledger, summaries
+from shared.store import checkpoints, ledger, summaries, threads
 from shared.store.backends import write_session
 from shared.store.leases import Lease
 from shared.store.ledger import CallStatus
@@ -84,7 +84,7 @@ def load_context(session: Session, lease: Lease) -> Context:
         task=task,
         agent=agent,
         tools=tools,
-        history=open_conversation(task, agent)
+        history=open_conversation(task, agent, earlier=earlier_turns(session, task))
         + summary_messages(summary)
         + step_messages(done, calls, tools=tools),
         step_row=current,
@@ -207,14 +207,51 @@ def tenant_name(tenant_id: str, session: Session | None = None) -> str:
     return name
 
 
-def open_conversation(task: TaskState, agent: Agent) -> list[Message]:
-    """The chat before any step: the system prompt and the task's input."""
+def open_conversation(
+    task: TaskState, agent: Agent, *, earlier: Sequence[Message] = ()
+) -> list[Message]:
+    """The chat before any step: the system prompt, the thread's history if the task is a
+    thread's turn (``earlier``: :func:`earlier_turns`), and the task's input."""
     system = "\n\n".join(p for p in (agent.system_prompt, task.instructions) if p)
     messages: list[Message] = [{"role": "system", "content": system}] if system else []
-    if isinstance(task.input, str):
-        messages.append({"role": "user", "content": task.input})
-    else:
-        messages.extend({"role": m["role"], "content": m["content"]} for m in task.input)
+    messages.extend(earlier)
+    messages.extend(input_messages(task.input))
+    return messages
+
+
+def input_messages(given: Any) -> list[Message]:
+    """A task's input as chat messages."""
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    return [{"role": m["role"], "content": m["content"]} for m in given]
+
+
+def opening_length(task: TaskState, agent: Agent) -> int:
+    """How many of the conversation's first messages the context policy never leaves out
+    (``window.split``): the system prompt and the input; for a thread's later turn, the system
+    prompt and the thread's first message, the rest being turns that may go, oldest first."""
+    system = 1 if agent.system_prompt or task.instructions else 0
+    if reads_earlier_turns(task):
+        return system + 1
+    return system + len(input_messages(task.input))
+
+
+def reads_earlier_turns(task: TaskState) -> bool:
+    """A thread's turn after its first: its conversation opens with its thread's history."""
+    return task.thread_id is not None and task.turn is not None and task.turn > 1
+
+
+def earlier_turns(session: Session, task: TaskState) -> list[Message]:
+    """A thread's turn reads its thread's history: each earlier turn still in it, in order —
+    its input, then its completed steps as the model reads them back — from their committed
+    rows. Read with each fresh lease only: a following step carries it in memory."""
+    if not reads_earlier_turns(task):
+        return []
+    assert task.thread_id is not None
+    messages: list[Message] = []
+    for past in threads.history(session, task.thread_id, before=task.turn):
+        messages.extend(input_messages(past.input))
+        messages.extend(step_messages(past.steps, past.calls))
     return messages
 
 

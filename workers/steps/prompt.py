@@ -21,7 +21,7 @@ from shared.context_window import Policy, answer_room, context_window, policy_of
 from shared.settings import get_settings
 from workers.providers.base import Message, ToolSchema
 from workers.steps import summarizer, window
-from workers.steps.context import Context, open_conversation
+from workers.steps.context import Context, opening_length, reads_earlier_turns
 
 
 class ContextExceeded(Exception):
@@ -58,8 +58,10 @@ def prompt_for(ctx: Context, tools: list[ToolSchema]) -> Prompt:
             f"{size - room}; the task's context policy is off (truncate or summarize would "
             "keep it inside the window)"
         )
-    opening = len(open_conversation(task, ctx.agent))
-    if policy.policy is Policy.SUMMARIZE:
+    opening = opening_length(task, ctx.agent)
+    # A summary stands for this task's own steps (its ``through_step``): a thread's later turn,
+    # whose history holds earlier turns' steps too, is cut instead.
+    if policy.policy is Policy.SUMMARIZE and not reads_earlier_turns(task):
         summarizer.compress(ctx, opening=opening, budget=budget, counter=counter, policy=policy)
         tokens = counter.history(task.id, ctx.history)
         if tokens <= budget:
