@@ -156,6 +156,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         run_at_ms=_run_at_ms(body),
         output_schema=output_schema,
         context=context_policy(body, agent.context, model=model, settings=settings),
+        stream=body.stream,
     )
 
 

@@ -65,6 +65,7 @@ class NewTask:
     schedule_id: str | None = None
     output_schema: dict[str, Any] | None = None  # the JSON Schema the final answer must meet
     context: dict[str, Any] | None = None  # the context-window policy (shared.context_window)
+    stream: bool | None = None  # whether its model calls stream (None: the default)
 
 
 def create_task(
@@ -100,6 +101,7 @@ def create_task(
         schedule_id=spec.schedule_id,
         output_schema=spec.output_schema,
         context=spec.context,
+        stream=spec.stream,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

@@ -23,7 +23,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 
 import redis
@@ -32,12 +32,15 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 
 from shared.constants import (
     CANCELS_CHANNEL,
+    DELTAS_CHANNEL_PREFIX,
+    DELTAS_PREFIX,
     DISPATCH_CHANNEL_PREFIX,
     EVENTS_CHANNEL_PREFIX,
     LAST_SWEEP_PREFIX,
     WORKER_PREFIX,
     WORKERS_PREFIX,
 )
+from shared.deltas import LOG_MAX_ENTRIES, LOG_TTL_SECONDS, Delta, Piece
 from shared.ratelimit.limiter import RedisLimiter
 from shared.settings import Settings
 from shared.transport.base import Following, Listener, Transport, TransportUnavailable
@@ -67,6 +70,44 @@ if left <= 0 then return 0 end
 redis.call('DECR', KEYS[1])
 return 1
 """
+
+# KEYS: the task's delta log (a stream). ARGV: step, epoch, attempt, after, data, cap, ttl ms.
+# Appends a delta with the rules of ``shared.deltas``: an older call than the last entry's is
+# refused (0); a newer call's first delta, where the log ends in a delta of the same step, goes
+# in after a discard entry (its data as ``shared.deltas.discarded_data`` writes it).
+_APPEND_DELTA = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+local epoch, attempt = tonumber(ARGV[2]), tonumber(ARGV[3])
+if last then
+  local f = {}
+  for i = 1, #last[2], 2 do f[last[2][i]] = last[2][i + 1] end
+  local le, lt = tonumber(f['e']), tonumber(f['t'])
+  if epoch < le or (epoch == le and attempt < lt) then return 0 end
+  if (epoch ~= le or attempt ~= lt) and f['k'] == 'delta' and f['s'] == ARGV[1] then
+    local reason = 'rerun'
+    if epoch == le then reason = 'retried' end
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[6], '*', 'k', 'discarded', 's', ARGV[1],
+      'e', ARGV[2], 't', ARGV[3], 'a', ARGV[4],
+      'd', '{"step":' .. ARGV[1] .. ',"reason":"' .. reason .. '"}')
+  end
+end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[6], '*', 'k', 'delta', 's', ARGV[1],
+  'e', ARGV[2], 't', ARGV[3], 'a', ARGV[4], 'd', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[7])
+return 1
+"""
+# A stream entry's id (``<ms>-<n>``) as one increasing number: ``ms * 1000 + n`` (a task's log
+# never gets a thousand entries in one millisecond: its worker appends every few tens of ms).
+POS_PER_MS = 1000
+
+
+def position(entry_id: bytes | str) -> int:
+    ms, _, n = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
+    return int(ms) * POS_PER_MS + int(n or 0)
+
+
+def entry_id(pos: int) -> str:
+    return f"{pos // POS_PER_MS}-{pos % POS_PER_MS}"
 
 
 @lru_cache
@@ -166,12 +207,20 @@ class RedisWaiter:
 
 
 class RedisFollowing:
-    """An API process's subscription to every task's event wake-ups, on its event loop."""
+    """An API process's subscription to every task's event wake-ups (and delta wake-ups, when
+    it has a listener for them), on its event loop."""
 
     def __init__(
-        self, url: str, wake: Listener, *, wake_all: Callable[[], None], log: logging.Logger
+        self,
+        url: str,
+        wake: Listener,
+        *,
+        wake_all: Callable[[], None],
+        log: logging.Logger,
+        wake_deltas: Listener | None = None,
     ) -> None:
         self._url, self._wake, self._wake_all, self._log = url, wake, wake_all, log
+        self._wake_deltas = wake_deltas
         self._task = asyncio.create_task(self._listen(), name="ratchet-event-hub")
 
     async def stop(self) -> None:
@@ -190,6 +239,8 @@ class RedisFollowing:
             try:
                 async with client.pubsub() as pubsub:
                     await pubsub.psubscribe(EVENTS_CHANNEL_PREFIX + "*")
+                    if self._wake_deltas is not None:
+                        await pubsub.psubscribe(DELTAS_CHANNEL_PREFIX + "*")
                     if down_since is not None:
                         self._log.info(
                             "event wake-ups restored after %.0f s", time.monotonic() - down_since
@@ -219,7 +270,10 @@ class RedisFollowing:
             if message.get("type") == "pmessage":
                 name = message["channel"]
                 name = name.decode() if isinstance(name, bytes) else str(name)
-                self._wake(name.removeprefix(EVENTS_CHANNEL_PREFIX))
+                if name.startswith(EVENTS_CHANNEL_PREFIX):
+                    self._wake(name.removeprefix(EVENTS_CHANNEL_PREFIX))
+                elif self._wake_deltas is not None:
+                    self._wake_deltas(name.removeprefix(DELTAS_CHANNEL_PREFIX))
 
 
 def follow_cancels_forever(url: str, cancel: Listener, *, log: logging.Logger) -> None:
@@ -310,6 +364,7 @@ class RedisTransport(Transport):
         self._client = command_client(redis_url)
         self._broker = command_client(broker_url) if broker_url is not None else None
         self._take = self._broker.register_script(_TAKE) if self._broker is not None else None
+        self._append_delta = self._client.register_script(_APPEND_DELTA)
         self._limiter = RedisLimiter(self._client)
         self._publisher: tuple[int, Publisher] | None = None  # by process: threads die in a fork
         self._lock = threading.Lock()
@@ -361,9 +416,43 @@ class RedisTransport(Transport):
             log.warning("cancel wake-up for %s not published; the heartbeat will see it", task_id)
 
     def follow_readers(
-        self, wake: Listener, *, wake_all: Callable[[], None], log: logging.Logger
+        self,
+        wake: Listener,
+        *,
+        wake_all: Callable[[], None],
+        log: logging.Logger,
+        wake_deltas: Listener | None = None,
     ) -> Following:
-        return RedisFollowing(self.redis_url, wake, wake_all=wake_all, log=log)
+        return RedisFollowing(
+            self.redis_url, wake, wake_all=wake_all, log=log, wake_deltas=wake_deltas
+        )
+
+    def append_deltas(self, pieces: Sequence[Piece]) -> None:
+        """One pipeline: a script call a piece, then a wake-up a task."""
+        ttl_ms = LOG_TTL_SECONDS * 1000
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for p in pieces:
+                    args = (p.step, p.epoch, p.attempt, p.after, p.data, LOG_MAX_ENTRIES, ttl_ms)
+                    self._append_delta(keys=[DELTAS_PREFIX + p.task_id], args=args, client=pipe)
+                for task_id in {piece.task_id for piece in pieces}:
+                    pipe.publish(DELTAS_CHANNEL_PREFIX + task_id, "1")
+                pipe.execute()
+        except redis.RedisError:
+            log.debug("deltas not appended", exc_info=True)
+
+    def read_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
+        start = f"({entry_id(after)}" if after else "-"
+        with _unavailable():
+            entries = self._client.xrange(DELTAS_PREFIX + task_id, start, "+", count=limit)
+        found = []
+        for raw_id, fields in entries:  # type: ignore[union-attr]
+            step, after_seq, data = int(fields[b"s"]), int(fields[b"a"]), fields[b"d"].decode()
+            if fields[b"k"] == b"discarded":
+                found.append(Delta(position(raw_id), "discarded", step, after_seq, data))
+            else:
+                found.append(Delta(position(raw_id), "delta", step, after_seq, data))
+        return found
 
     def follow_cancels(self, cancel: Listener, *, log: logging.Logger) -> None:
         threading.Thread(

@@ -9,16 +9,19 @@ to and from their wire formats.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import itertools
 import json
 import math
 import os
 import re
+import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -100,6 +103,28 @@ class ToolSchema:
     parameters: dict[str, Any]
 
 
+class Deltas(Protocol):
+    """Where a streaming call hands its answer as it comes (``workers.deltas`` gathers it for
+    the task's live readers). A provider that is given one streams; without one it asks for
+    the whole answer at once."""
+
+    def text(self, delta: str) -> None:
+        """More of the answer's text."""
+
+    def tool_call(self, index: int, *, call_id: str, name: str, arguments: str) -> None:
+        """More of the tool call at ``index`` (in the answer's order): its id and name (empty
+        once given) and the next piece of its JSON arguments."""
+
+    def stopping(self, stop: Callable[[], None]) -> AbstractContextManager[None]:
+        """While the block runs, call ``stop`` (from any thread) when the call must end at
+        once (its task was cancelled, or it was abandoned); at once if that already happened.
+        Never after the block: by then the connection may serve another call."""
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the call was told to stop."""
+
+
 @dataclass(frozen=True)
 class ModelRequest:
     task_id: str
@@ -114,6 +139,8 @@ class ModelRequest:
     # What the call is for: a step's answer, or a summary of the conversation so far (the
     # ``summarize`` context policy), which the scripted model writes from the messages.
     purpose: Literal["step", "summary"] = "step"
+    # Given: the provider streams the answer into it as it comes (``Deltas``).
+    deltas: Deltas | None = None
 
 
 @dataclass(frozen=True)
@@ -281,3 +308,30 @@ _TOO_LONG = re.compile(
 def _too_long(exc: Exception) -> bool:
     said = f"{getattr(exc, 'code', '') or ''} {getattr(exc, 'message', '') or exc}"
     return _TOO_LONG.search(said) is not None
+
+
+def sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The ``data`` of each server-sent event in ``lines`` (both providers send one line of
+    JSON an event, and name its type inside it, so ``event:`` lines are not needed)."""
+    for line in lines:
+        if line.startswith("data:"):
+            yield line[6:] if line.startswith("data: ") else line[5:]
+
+
+def shut(response: httpx.Response) -> None:
+    """End a streaming response from another thread at once: its socket is shut down, so the
+    read that waits on it returns (closing the response from here could leave it waiting),
+    and the server sees the connection go."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):  # already closed: the read has ended anyway
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def broken_stream(exc: httpx.HTTPError) -> Exception:
+    """A streaming answer that broke off after its head (the SDK maps what comes before): a
+    timeout as the SDKs' own, and the rest as an unreachable provider, both transient."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ModelTransientError("the model provider timed out")
+    return ModelTransientError(f"the model provider's stream broke off: {exc}")
