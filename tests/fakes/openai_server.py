@@ -31,7 +31,8 @@ and then its arguments in pieces, a ``finish_reason`` chunk, the usage in a last
 ``stream_options.include_usage`` asks, then ``data: [DONE]``), chunked on a kept-alive
 connection. ``answer("…", chunks=50, seconds=2.0)`` sends the text in 50 pieces over 2 s; each
 piece's send time is recorded (``sent``), and a stream the client cut off counts as
-undelivered.
+undelivered. ``OpenAIServer(streams=False)`` is a server that ignores ``stream`` (some
+OpenAI-compatible servers do) and always answers with the whole completion.
 
 Use the fixture by importing it into a test module::
 
@@ -200,8 +201,9 @@ class Received:
 class OpenAIServer:
     """The server, its reply queue and its request log. Thread-safe; a context manager."""
 
-    def __init__(self, responder: Responder | None = None) -> None:
+    def __init__(self, responder: Responder | None = None, *, streams: bool = True) -> None:
         self._responder = responder
+        self.streams = streams
         self._replies: deque[Reply] = deque()
         self._received: list[Received] = []
         self._undelivered: list[float] = []  # arrival times of requests whose answer was lost
@@ -422,7 +424,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = received.body if isinstance(received.body, dict) else {}
         model = body.get("model", "")
         try:
-            if isinstance(reply, Completion) and body.get("stream"):
+            if isinstance(reply, Completion) and body.get("stream") and fake.streams:
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 self._stream(reply, fake._chunks(reply, model, usage=usage))
             elif isinstance(reply, Completion):

@@ -117,6 +117,19 @@ def test_an_openai_stream_is_the_same_answer_as_the_whole_completion(
     assert streamed_body["stream"] is True
 
 
+def test_a_server_that_ignores_stream_is_read_whole(configure: Configure) -> None:
+    from workers.providers.openai import OpenAIProvider
+
+    with OpenAIServer(streams=False) as server:
+        configure(RATCHET_OPENAI_BASE_URL=server.base_url, RATCHET_OPENAI_API_KEY="test-key")
+        server.reply(Completion(content="The answer is 42."))
+
+        said = OpenAIProvider().complete(replace(request("gpt-4o-mini"), deltas=Recorder()))
+
+    assert said.content == "The answer is 42."
+    assert server.requests[0].body["stream"] is True
+
+
 @pytest.fixture
 def anthropic(configure: Configure) -> Iterator[Callable[..., Any]]:
     servers: list[MessagesServer] = []

@@ -41,6 +41,7 @@ from workers.providers.base import (
     answer_cap,
     broken_stream,
     classify_error,
+    is_event_stream,
     local_names,
     parse_arguments,
     shut,
@@ -209,6 +210,10 @@ class AnthropicProvider:
             raise map_error(exc) from exc
         with contextlib.closing(response), deltas.stopping(lambda: shut(response)):
             try:
+                if not is_event_stream(response):
+                    return parse_message(
+                        anthropic.types.Message.model_validate_json(response.read())
+                    )
                 return read_stream(sse_data(response.iter_lines()), deltas, response=response)
             except httpx.HTTPError as exc:
                 raise broken_stream(exc) from exc

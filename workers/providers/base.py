@@ -318,6 +318,12 @@ def sse_data(lines: Iterator[str]) -> Iterator[str]:
             yield line[6:] if line.startswith("data: ") else line[5:]
 
 
+def is_event_stream(response: httpx.Response) -> bool:
+    """Whether the server streams the answer: some OpenAI-compatible servers ignore
+    ``stream: true`` and answer with the whole body, which is then read as it is."""
+    return str(response.headers.get("content-type", "")).startswith("text/event-stream")
+
+
 def shut(response: httpx.Response) -> None:
     """End a streaming response from another thread at once: its socket is shut down, so the
     read that waits on it returns (closing the response from here could leave it waiting),

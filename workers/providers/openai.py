@@ -31,6 +31,7 @@ from workers.providers.base import (
     ToolCallRequest,
     broken_stream,
     classify_error,
+    is_event_stream,
     local_names,
     parse_arguments,
     shut,
@@ -165,6 +166,9 @@ class OpenAIProvider:
             raise map_error(exc) from exc
         with contextlib.closing(response), deltas.stopping(lambda: shut(response)):
             try:
+                if not is_event_stream(response):
+                    whole: dict[str, Any] = json.loads(response.read())
+                    return whole
                 return read_stream(sse_data(response.iter_lines()), deltas)
             except httpx.HTTPError as exc:
                 raise broken_stream(exc) from exc
