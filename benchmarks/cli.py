@@ -19,6 +19,7 @@ from benchmarks import (
     limiter,
     mcp,
     neighbours,
+    streaming,
     submissions,
     throughput,
     walk,
@@ -62,6 +63,7 @@ app.command("fairness")(fairness.fairness)
 app.command("mcp")(mcp.mcp)
 app.command("walk")(walk.walk)
 app.command("context")(context.context)
+app.command("stream")(streaming.stream)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",

@@ -102,26 +102,48 @@ class Cursor:
     Only the deltas of the call in progress are sent: an entry whose call began after ``seq``
     (``after == seq``). One whose call began before it was answered by an event already sent;
     one whose call began after a commit the reader has not sent yet waits for that commit to be
-    read and sent first."""
+    read and sent first. Once the call's answer is committed, the rest of its deltas go only to
+    a reader that holds part of it (``open``: it sent some, or resumed from one); to the others
+    the committed event stands for them."""
 
     seq: int
     pos: int = 0
+    open: bool = False  # the reader holds part of the call in progress
 
-    def take(self, deltas: list[Delta]) -> tuple[list[Delta], bool]:
-        """Of ``deltas`` (read after ``pos``, in order): those to send now, and whether the
-        committed log must be read before the rest (they follow a commit not yet sent)."""
+    @classmethod
+    def resuming(cls, seq: int, pos: int) -> Cursor:
+        """From a ``Last-Event-ID`` (``parse_event_id``): mid-call if it named a delta."""
+        return cls(seq, pos, open=pos > 0)
+
+    def take(self, deltas: list[Delta]) -> tuple[list[Delta], list[Delta]]:
+        """Of ``deltas`` (read after ``pos``, in order): those to send now, and the rest, which
+        follow a commit not sent yet (send it, then take them again).
+
+        A reader that reads committed events must read the delta log after them and take
+        from it before sending each one: a call's last deltas are in the log before its
+        answer is committed, and once the answer is sent they are passed over."""
         send: list[Delta] = []
-        for delta in deltas:
+        for index, delta in enumerate(deltas):
             if delta.after > self.seq:
-                return send, True
+                return send, deltas[index:]
             if delta.after == self.seq:
                 send.append(delta)
             self.pos = delta.pos
-        return send, False
+        self.open = self.open or bool(send)
+        return send, []
+
+    def before_commit(self, deltas: list[Delta]) -> tuple[list[Delta], list[Delta]]:
+        """As :meth:`take`, just before the committed event that follows the call in
+        progress: its last deltas for a reader that holds part of it, none for the others."""
+        if self.open:
+            return self.take(deltas)
+        _, rest = self.take(deltas)
+        self.open = False
+        return [], rest
 
     def committed(self, seq: int) -> None:
         """The reader sent the committed event ``seq``."""
-        self.seq = seq
+        self.seq, self.open = seq, False
 
 
 def read_deltas(task_id: str, cursor: Cursor, *, limit: int = READ_BATCH) -> list[Delta]:

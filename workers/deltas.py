@@ -27,7 +27,7 @@ from shared.transport import get_transport
 log = logging.getLogger("ratchet.deltas")
 
 GATHER_SECONDS = 0.04
-FINISH_WAIT_SECONDS = 1.0
+FINISH_WAIT_SECONDS = 2.0  # as long as a Redis command may take (shared.transport.redis)
 
 
 class CallDeltas:

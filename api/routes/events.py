@@ -82,27 +82,35 @@ async def _stream(
     async with hub.watch_live(task_id) as woken:
         while not hub.closing:
             woken.changed.clear()
+            events: list[tuple[int, str, str]] = []
+            end = None
             if woken.committed:
                 woken.committed = False
                 events, end = await run_in_threadpool(
                     _read, tenant_id, task_id, cursor.seq, approval_links=approval_links
                 )
-                for seq, type_, data in events:
-                    yield f"id: {seq}\nevent: {type_}\ndata: {data}\n\n"
-                    cursor.committed(seq)
-                    quiet_since = time.monotonic()
-                if end is not None and cursor.seq >= end:
-                    return  # sent (now or before this stream resumed) the terminal event
-                if len(events) == BATCH:
-                    woken.committed = True
-                    continue  # a full batch: more are waiting, read on at once
-            deltas, behind, full = await run_in_threadpool(_live, task_id, cursor)
-            for delta in deltas:
-                yield f"id: {delta.event_id}\nevent: {delta.event_type}\ndata: {delta.data}\n\n"
+            # Read after the log: a call's deltas are all in before its answer is committed,
+            # and those of the call in progress go before the events that follow it.
+            live, full = await run_in_threadpool(_live, task_id, cursor)
+            for seq, type_, data in events:
+                send, live = cursor.before_commit(live)
+                for delta in send:
+                    yield _delta_event(delta)
+                yield f"id: {seq}\nevent: {type_}\ndata: {data}\n\n"
+                cursor.committed(seq)
                 quiet_since = time.monotonic()
-            if behind or full:
-                woken.committed = woken.committed or behind
-                continue  # a delta after a commit not sent yet, or more deltas waiting
+            if end is not None and cursor.seq >= end:
+                return  # sent (now or before this stream resumed) the terminal event
+            send, live = cursor.take(live)
+            for delta in send:
+                yield _delta_event(delta)
+                quiet_since = time.monotonic()
+            if live:
+                woken.committed = True  # deltas after a commit this stream has not read
+            if len(events) == BATCH or (live and events):
+                continue  # more events waiting, or the commit those deltas follow
+            if full:
+                continue  # more deltas waiting
             if await request.is_disconnected():
                 return
             try:
@@ -115,17 +123,20 @@ async def _stream(
     yield _error_event("shutting-down", "the server is stopping; reconnect with Last-Event-ID")
 
 
-def _live(task_id: str, cursor: Cursor) -> tuple[list[Delta], bool, bool]:
-    """The deltas to send now, whether a commit not sent yet comes before the rest, and
-    whether more may be waiting. None when the transport does not answer: the live view is
-    lost for a while, the committed events are not."""
+def _delta_event(delta: Delta) -> str:
+    return f"id: {delta.event_id}\nevent: {delta.event_type}\ndata: {delta.data}\n\n"
+
+
+def _live(task_id: str, cursor: Cursor) -> tuple[list[Delta], bool]:
+    """The delta log after the cursor, and whether more may be waiting. Nothing when the
+    transport does not answer: the live view is lost for a while, the committed events are
+    not."""
     try:
         read = read_deltas(task_id, cursor)
     except TransportUnavailable:
         log.debug("live deltas unavailable for task %s", task_id, exc_info=True)
-        return [], False, False
-    deltas, behind = cursor.take(read)
-    return deltas, behind, len(read) == READ_BATCH
+        return [], False
+    return read, len(read) == READ_BATCH
 
 
 def _error_event(slug: str, detail: str) -> str:
@@ -235,7 +246,7 @@ async def stream_events(
                 request,
                 principal.tenant_id,
                 task_id,
-                Cursor(seq, pos),
+                Cursor.resuming(seq, pos),
                 approval_links=principal.allows(APPROVE),
             )
         ),

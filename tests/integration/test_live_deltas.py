@@ -188,6 +188,37 @@ def test_a_reader_that_drops_mid_call_and_resumes_misses_nothing_and_sees_nothin
     assert committed == list(range(1, len(committed) + 1))  # nothing lost of the log either
 
 
+def test_a_reader_that_held_part_of_a_call_gets_the_rest_even_after_its_commit(
+    live_url: str, tenant: TenantHandle, fake: OpenAIServer, drive: Callable[..., str]
+) -> None:
+    fake.reply(answer(ANSWER, chunks=20, seconds=1.0))
+    task_id = submit(live_url, tenant)
+    with driven_later(drive, task_id):
+        before = read(live_url, tenant, task_id, until=lambda seen: len(deltas(seen)) >= 3)
+    # The task has ended: the call it held part of was committed meanwhile.
+
+    after = read(live_url, tenant, task_id, last_event_id=before[-1].id)
+
+    assert text_of(before + after) == committed_response(after).data["content"] == ANSWER
+    ids = [e.id for e in before + after]
+    assert len(ids) == len(set(ids))
+
+
+def test_a_reader_that_comes_after_the_commit_gets_the_committed_answer_alone(
+    live_url: str, tenant: TenantHandle, fake: OpenAIServer, drive: Callable[..., str]
+) -> None:
+    fake.reply(answer(ANSWER, chunks=10, seconds=0.5))
+    task_id = submit(live_url, tenant)
+    with driven_later(drive, task_id):
+        whole = read(live_url, tenant, task_id)
+
+    replayed = read(live_url, tenant, task_id)
+
+    assert deltas(whole)
+    assert not deltas(replayed)
+    assert [e.type for e in replayed] == [e.type for e in whole if e.type != "message.delta"]
+
+
 def test_a_resume_after_the_commit_does_not_replay_the_calls_deltas(
     live_url: str, tenant: TenantHandle, fake: OpenAIServer, drive: Callable[..., str]
 ) -> None:

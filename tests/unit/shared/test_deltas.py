@@ -34,18 +34,28 @@ def test_the_cursor_sends_the_deltas_of_the_call_after_its_last_commit() -> None
 
     send, behind = cursor.take([*earlier, *current])
 
-    assert (send, behind) == (current, False)
+    assert (send, behind) == (current, [])
     assert cursor.pos == 4
 
 
 def test_the_cursor_stops_at_a_delta_that_follows_a_commit_it_has_not_sent() -> None:
     cursor = Cursor(seq=5, pos=2)
 
-    send, behind = cursor.take([delta(3, after=5), delta(4, after=6), delta(5, after=6)])
+    send, rest = cursor.take([delta(3, after=5), delta(4, after=6), delta(5, after=6)])
 
-    assert ([d.pos for d in send], behind, cursor.pos) == ([3], True, 3)
+    assert ([d.pos for d in send], [d.pos for d in rest], cursor.pos) == ([3], [4, 5], 3)
     cursor.committed(6)  # the reader read and sent event 6: the rest are the new call's
-    assert cursor.take([delta(4, after=6), delta(5, after=6)]) == (
-        [delta(4, after=6), delta(5, after=6)],
-        False,
-    )
+    assert cursor.take(rest) == (rest, [])
+    assert cursor.pos == 5
+
+
+def test_before_a_commit_the_calls_last_deltas_go_only_to_a_reader_that_holds_part_of_it() -> None:
+    call = [delta(3, after=5), delta(4, after=5)]
+    midway = Cursor.resuming(5, 2)  # it had the call's first delta
+    fresh = Cursor(5)  # it comes to the call only now, its answer committed
+
+    assert midway.before_commit(call) == (call, [])
+    assert fresh.before_commit(call) == ([], [])
+    assert fresh.pos == midway.pos == 4
+    midway.committed(6)
+    assert not midway.open
