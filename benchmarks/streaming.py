@@ -7,8 +7,8 @@ follows its task's SSE stream (all on one asyncio loop in this process). Each pi
 sends carries its send time, so
 a reader knows, for every piece, how long it took from the stub's send to its own receipt:
 through the worker's streaming call, the gathering of deltas, Redis, the API's stream and
-the reader. Pieces sent before a reader was connected are left out (they came from the log,
-not live). It also checks that each stream's deltas concatenate to the committed answer.
+the reader. Pieces sent before a reader asked for its stream are left out (they come from the
+log, not live). It also checks that each stream's deltas concatenate to the committed answer.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ async def _read(client: httpx.AsyncClient, body: dict[str, Any], out: Reading) -
     task_id = submitted.json()["id"]
     text: list[str] = []
     fields: dict[str, str] = {}
+    connected = time.time()  # a piece sent from now on is one the reader waits for
     async with client.stream("GET", f"/v1/tasks/{task_id}/events") as response:
-        connected = time.time()
         async for line in response.aiter_lines():
             if line and not line.startswith(":"):
                 name, _, value = line.partition(": ")
