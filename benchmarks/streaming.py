@@ -2,8 +2,9 @@
 
 One ``ratchet api`` and one ``ratchet worker`` (their defaults) against the stub model
 (:mod:`benchmarks.servers.llm_stub`) streaming each answer in ``--chunks`` pieces over
-``--latency-ms``; ``--tasks`` one-call tasks are submitted at once, each by a reader that then
-follows its task's SSE stream (all on one asyncio loop in this process). Each piece the stub
+``--latency-ms``; ``--tasks`` one-call tasks are submitted at once to start ``--start-in``
+seconds later, each by a reader that then follows its task's SSE stream (all on one asyncio
+loop in this process), so every reader is listening when the calls begin. Each piece the stub
 sends carries its send time, so
 a reader knows, for every piece, how long it took from the stub's send to its own receipt:
 through the worker's streaming call, the gathering of deltas, Redis, the API's stream and
@@ -109,6 +110,7 @@ def stream(
     tasks: int = typer.Option(300, help="tasks (and SSE readers) at once"),
     chunks: int = typer.Option(50, help="pieces the stub streams each answer in"),
     latency_ms: int = typer.Option(2000, help="the stub's time to stream an answer"),
+    start_in: float = typer.Option(10.0, help="the tasks start this long after submission"),
     submitters: int = typer.Option(16, help="threads submitting the warm-up over HTTP"),
 ) -> None:
     """Live deltas of many streaming model calls at once: from the model's send to a reader."""
@@ -135,7 +137,8 @@ def stream(
             httpx.post(f"{stub_url}/stats/reset")
             machine = host()
             cpu, started = _cpu_now(worker, api), time.time()
-            asyncio.run(_read_all(url, key, scenario.body, tasks, reading))
+            body = scenario.body | {"delay_seconds": start_in}
+            asyncio.run(_read_all(url, key, body, tasks, reading))
             wall = time.time() - started
             cpu = {name: value - cpu[name] for name, value in _cpu_now(worker, api).items()}
             stub = httpx.get(f"{stub_url}/stats").json()
