@@ -6,7 +6,8 @@ thread of the process (:class:`Gatherer`) takes what every call in flight has ga
 stream costs a message every few tens of ms, not one per token, and hundreds of streams cost one
 pipeline. The step never waits on the transport but at the call's end, when the rest of its
 deltas go out before its answer is committed (so they come before the committed event), and
-then for at most ``FINISH_WAIT_SECONDS``: a lost batch costs the readers the live view only.
+then for at most ``FINISH_WAIT_SECONDS``, and not at all while the transport is failing (the
+last hand-over did not go out): a lost batch costs the readers the live view only.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ class Gatherer:
         self._started = 0  # hand-overs started, and finished
         self._done = 0
         self._last = 0.0  # when the last hand-over started (monotonic)
+        self._failing = False  # the last hand-over did not go out
         threading.Thread(target=self._run, name="ratchet-deltas", daemon=True).start()
 
     def pending(self, call: CallDeltas) -> None:
@@ -191,7 +193,11 @@ class Gatherer:
             self._urgent = True
             target = self._started + 1
             self._cond.notify_all()
-            while self._done < target and (left := deadline - time.monotonic()) > 0:
+            while (
+                not self._failing
+                and self._done < target
+                and (left := deadline - time.monotonic()) > 0
+            ):
                 self._cond.wait(left)
 
     def _run(self) -> None:
@@ -208,12 +214,15 @@ class Gatherer:
                 self._started += 1
                 number, self._last = self._started, time.monotonic()
             pieces = [piece for call in calls if (piece := call.take()) is not None]
+            delivered = True
             try:
                 if pieces:
-                    get_transport().append_deltas(pieces)
+                    delivered = get_transport().append_deltas(pieces)
             except Exception:  # never the step's concern: its answer is committed anyway
                 log.warning("live deltas not handed over", exc_info=True)
+                delivered = False
             with self._cond:
+                self._failing = not delivered
                 self._done = number
                 self._cond.notify_all()
 

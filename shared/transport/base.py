@@ -121,11 +121,11 @@ class Transport(ABC):
     # --- the live deltas of model calls (``shared.deltas``) ----------------------------------
 
     @abstractmethod
-    def append_deltas(self, pieces: Sequence[Piece]) -> None:
+    def append_deltas(self, pieces: Sequence[Piece]) -> bool:
         """Append each piece to its task's delta log (fenced by call, a discard entry before a
         newer call's first piece where the log ends in a partial answer of the same step; see
-        ``shared.deltas``), and wake those tasks' readers. Never raises: a lost piece costs
-        the readers the live view of its call, never the answer."""
+        ``shared.deltas``), and wake those tasks' readers; whether they went out. Never
+        raises: a lost piece costs the readers the live view of its call, never the answer."""
 
     @abstractmethod
     def read_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:

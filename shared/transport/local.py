@@ -245,12 +245,13 @@ class LocalTransport(Transport):
             self._readers, wake, delta_listeners=self._delta_readers, wake_deltas=wake_deltas
         )
 
-    def append_deltas(self, pieces: Sequence[Piece]) -> None:
+    def append_deltas(self, pieces: Sequence[Piece]) -> bool:
         woken = {piece.task_id for piece in pieces if self._deltas.append(piece)}
         listeners = self._delta_readers.snapshot()
         for task_id in woken:
             for listener in listeners:
                 listener(task_id)
+        return True
 
     def read_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
         return self._deltas.read(task_id, after=after, limit=limit)

@@ -427,7 +427,7 @@ class RedisTransport(Transport):
             self.redis_url, wake, wake_all=wake_all, log=log, wake_deltas=wake_deltas
         )
 
-    def append_deltas(self, pieces: Sequence[Piece]) -> None:
+    def append_deltas(self, pieces: Sequence[Piece]) -> bool:
         """One pipeline: a script call a piece, then a wake-up a task."""
         ttl_ms = LOG_TTL_SECONDS * 1000
         try:
@@ -440,6 +440,8 @@ class RedisTransport(Transport):
                 pipe.execute()
         except redis.RedisError:
             log.debug("deltas not appended", exc_info=True)
+            return False
+        return True
 
     def read_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
         start = f"({entry_id(after)}" if after else "-"

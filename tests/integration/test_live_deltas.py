@@ -319,3 +319,40 @@ def test_the_delta_log_discards_a_partial_answer_before_a_new_calls_and_refuses_
     assert [d.event_type for d in log[2:4]] == ["message.discarded", "message.delta"]
     # Read on from a position: only what came after it.
     assert read_deltas(task_id, Cursor(3, log[3].pos)) == log[4:]
+
+
+@pytest.mark.parametrize(
+    ("body", "streamed"),
+    [({}, True), ({"agent": "quiet"}, False), ({"agent": "quiet", "stream": True}, True)],
+    ids=["default", "agent_off", "task_over_agent"],
+)
+def test_an_agent_turns_streaming_off_and_its_task_may_turn_it_back_on(
+    client: Any,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    body: dict[str, Any],
+    streamed: bool,
+) -> None:
+    from shared.deltas import Cursor, read_deltas
+    from tests.helpers import scripted_task
+
+    sent = scripted_task([{"content": "one two three four", "delay_ms": 40}], **body)
+    task_id = client.post("/v1/tasks", json=sent, headers=tenant.headers).json()["id"]
+
+    assert drive(task_id) == "succeeded"
+    log = read_deltas(task_id, Cursor(0))
+    assert bool(log) is streamed
+    if streamed:
+        assert "".join(json.loads(d.data)["text"] for d in log) == "one two three four"
+
+
+def test_deltas_to_a_redis_that_is_down_are_dropped_without_an_error() -> None:
+    from shared.deltas import Piece
+    from shared.transport import TransportUnavailable
+    from shared.transport.redis import RedisTransport
+
+    down = RedisTransport("redis://127.0.0.1:1/0", broker_url=None)
+
+    assert down.append_deltas([Piece("task-1", 1, 1, 1, 2, "{}")]) is False
+    with pytest.raises(TransportUnavailable):
+        down.read_deltas("task-1", after=0, limit=10)
