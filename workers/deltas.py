@@ -55,13 +55,16 @@ class CallDeltas:
         self._stops: list[Callable[[], None]] = []
         self._stopped = False
         self._finished = False
+        self._pending = False  # handed to the gatherer since its last take
 
     def text(self, delta: str) -> None:
         with self._lock:
             if self._finished:
                 return
             self._text.append(delta)
-        self._gatherer.pending(self)
+            told, self._pending = self._pending, True
+        if not told:
+            self._gatherer.pending(self)
 
     def tool_call(self, index: int, *, call_id: str, name: str, arguments: str) -> None:
         with self._lock:
@@ -75,7 +78,9 @@ class CallDeltas:
             if name:
                 call["name"] = name
             call["arguments"] += arguments
-        self._gatherer.pending(self)
+            told, self._pending = self._pending, True
+        if not told:
+            self._gatherer.pending(self)
 
     @contextmanager
     def stopping(self, stop: Callable[[], None]) -> Iterator[None]:
@@ -106,6 +111,7 @@ class CallDeltas:
     def take(self) -> Piece | None:
         """What was gathered since the last take, as one delta (None: nothing)."""
         with self._lock:
+            self._pending = False
             if not self._text and not self._calls:
                 return None
             self._sent += 1

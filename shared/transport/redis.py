@@ -32,7 +32,7 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 
 from shared.constants import (
     CANCELS_CHANNEL,
-    DELTAS_CHANNEL_PREFIX,
+    DELTAS_CHANNEL,
     DELTAS_PREFIX,
     DISPATCH_CHANNEL_PREFIX,
     EVENTS_CHANNEL_PREFIX,
@@ -71,30 +71,44 @@ redis.call('DECR', KEYS[1])
 return 1
 """
 
-# KEYS: the task's delta log (a stream). ARGV: step, epoch, attempt, after, data, cap, ttl ms.
-# Appends a delta with the rules of ``shared.deltas``: an older call than the last entry's is
-# refused (0); a newer call's first delta, where the log ends in a delta of the same step, goes
-# in after a discard entry (its data as ``shared.deltas.discarded_data`` writes it).
-_APPEND_DELTA = """
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
-local epoch, attempt = tonumber(ARGV[2]), tonumber(ARGV[3])
-if last then
-  local f = {}
-  for i = 1, #last[2], 2 do f[last[2][i]] = last[2][i + 1] end
-  local le, lt = tonumber(f['e']), tonumber(f['t'])
-  if epoch < le or (epoch == le and attempt < lt) then return 0 end
-  if (epoch ~= le or attempt ~= lt) and f['k'] == 'delta' and f['s'] == ARGV[1] then
-    local reason = 'rerun'
-    if epoch == le then reason = 'retried' end
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[6], '*', 'k', 'discarded', 's', ARGV[1],
-      'e', ARGV[2], 't', ARGV[3], 'a', ARGV[4],
-      'd', '{"step":' .. ARGV[1] .. ',"reason":"' .. reason .. '"}')
+# KEYS: the tasks' delta logs (streams), a key a piece. ARGV: the cap, the TTL in ms, the wake-up
+# channel, the prefix of the keys, then five values a piece: step, epoch, attempt, after, data.
+# Appends each piece with the rules of ``shared.deltas``: a piece of an older call than its
+# log's last entry's is refused; a newer call's first piece, where the log ends in a delta of
+# the same step, goes in after a discard entry (its data as ``discarded_data`` writes it).
+# Then one wake-up names every task that got a piece. One call a batch: a command a piece
+# cost the worker more CPU than the rest of its streaming.
+_APPEND_DELTAS = """
+local cap, ttl, channel, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local woken = {}
+for i, key in ipairs(KEYS) do
+  local at = 4 + (i - 1) * 5
+  local step, epoch, attempt, after = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  local e, t = tonumber(epoch), tonumber(attempt)
+  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+  local refused = false
+  if last then
+    local f = {}
+    for j = 1, #last[2], 2 do f[last[2][j]] = last[2][j + 1] end
+    local le, lt = tonumber(f['e']), tonumber(f['t'])
+    refused = e < le or (e == le and t < lt)
+    if not refused and (e ~= le or t ~= lt) and f['k'] == 'delta' and f['s'] == step then
+      local reason = 'rerun'
+      if e == le then reason = 'retried' end
+      redis.call('XADD', key, 'MAXLEN', '~', cap, '*', 'k', 'discarded', 's', step,
+        'e', epoch, 't', attempt, 'a', after,
+        'd', '{"step":' .. step .. ',"reason":"' .. reason .. '"}')
+    end
+  end
+  if not refused then
+    redis.call('XADD', key, 'MAXLEN', '~', cap, '*', 'k', 'delta', 's', step,
+      'e', epoch, 't', attempt, 'a', after, 'd', ARGV[at + 5])
+    redis.call('PEXPIRE', key, ttl)
+    woken[#woken + 1] = string.sub(key, #prefix + 1)
   end
 end
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[6], '*', 'k', 'delta', 's', ARGV[1],
-  'e', ARGV[2], 't', ARGV[3], 'a', ARGV[4], 'd', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[7])
-return 1
+if #woken > 0 then redis.call('PUBLISH', channel, table.concat(woken, ' ')) end
+return #woken
 """
 # A stream entry's id (``<ms>-<n>``) as one increasing number: ``ms * 1000 + n`` (a task's log
 # never gets a thousand entries in one millisecond: its worker appends every few tens of ms).
@@ -240,7 +254,7 @@ class RedisFollowing:
                 async with client.pubsub() as pubsub:
                     await pubsub.psubscribe(EVENTS_CHANNEL_PREFIX + "*")
                     if self._wake_deltas is not None:
-                        await pubsub.psubscribe(DELTAS_CHANNEL_PREFIX + "*")
+                        await pubsub.subscribe(DELTAS_CHANNEL)
                     if down_since is not None:
                         self._log.info(
                             "event wake-ups restored after %.0f s", time.monotonic() - down_since
@@ -267,13 +281,15 @@ class RedisFollowing:
 
     async def _relay(self, pubsub: AsyncPubSub) -> None:
         async for message in pubsub.listen():
-            if message.get("type") == "pmessage":
+            kind = message.get("type")
+            if kind == "pmessage":
                 name = message["channel"]
                 name = name.decode() if isinstance(name, bytes) else str(name)
-                if name.startswith(EVENTS_CHANNEL_PREFIX):
-                    self._wake(name.removeprefix(EVENTS_CHANNEL_PREFIX))
-                elif self._wake_deltas is not None:
-                    self._wake_deltas(name.removeprefix(DELTAS_CHANNEL_PREFIX))
+                self._wake(name.removeprefix(EVENTS_CHANNEL_PREFIX))
+            elif kind == "message" and self._wake_deltas is not None:
+                data = message["data"]
+                for task_id in (data.decode() if isinstance(data, bytes) else str(data)).split():
+                    self._wake_deltas(task_id)
 
 
 def follow_cancels_forever(url: str, cancel: Listener, *, log: logging.Logger) -> None:
@@ -364,7 +380,7 @@ class RedisTransport(Transport):
         self._client = command_client(redis_url)
         self._broker = command_client(broker_url) if broker_url is not None else None
         self._take = self._broker.register_script(_TAKE) if self._broker is not None else None
-        self._append_delta = self._client.register_script(_APPEND_DELTA)
+        self._append_deltas = self._client.register_script(_APPEND_DELTAS)
         self._limiter = RedisLimiter(self._client)
         self._publisher: tuple[int, Publisher] | None = None  # by process: threads die in a fork
         self._lock = threading.Lock()
@@ -428,16 +444,14 @@ class RedisTransport(Transport):
         )
 
     def append_deltas(self, pieces: Sequence[Piece]) -> bool:
-        """One pipeline: a script call a piece, then a wake-up a task."""
-        ttl_ms = LOG_TTL_SECONDS * 1000
+        """One script call for the whole batch (see ``_APPEND_DELTAS``)."""
+        keys = [DELTAS_PREFIX + p.task_id for p in pieces]
+        args: list[str | int] = [LOG_MAX_ENTRIES, LOG_TTL_SECONDS * 1000, DELTAS_CHANNEL]
+        args.append(DELTAS_PREFIX)
+        for p in pieces:
+            args += [p.step, p.epoch, p.attempt, p.after, p.data]
         try:
-            with self._client.pipeline(transaction=False) as pipe:
-                for p in pieces:
-                    args = (p.step, p.epoch, p.attempt, p.after, p.data, LOG_MAX_ENTRIES, ttl_ms)
-                    self._append_delta(keys=[DELTAS_PREFIX + p.task_id], args=args, client=pipe)
-                for task_id in {piece.task_id for piece in pieces}:
-                    pipe.publish(DELTAS_CHANNEL_PREFIX + task_id, "1")
-                pipe.execute()
+            self._append_deltas(keys=keys, args=args)
         except redis.RedisError:
             log.debug("deltas not appended", exc_info=True)
             return False
