@@ -39,6 +39,7 @@ from workers.providers.base import (
     Sharded,
     ToolCallRequest,
     answer_cap,
+    body_chunks,
     broken_stream,
     classify_error,
     is_event_stream,
@@ -214,7 +215,7 @@ class AnthropicProvider:
                     return parse_message(
                         anthropic.types.Message.model_validate_json(response.read())
                     )
-                return read_stream(sse_data(response.iter_lines()), deltas, response=response)
+                return read_stream(sse_data(body_chunks(response)), deltas, response=response)
             except httpx.HTTPError as exc:
                 raise broken_stream(exc) from exc
             except ValueError as exc:
@@ -222,7 +223,7 @@ class AnthropicProvider:
 
 
 def read_stream(
-    events: Iterator[str], deltas: Deltas, *, response: httpx.Response
+    events: Iterator[bytes], deltas: Deltas, *, response: httpx.Response
 ) -> ModelResponse:
     """The Messages API's stream put back together as its answer, each text and tool-input
     piece handed to ``deltas`` on the way. An ``error`` event mid-stream is mapped as the same
@@ -251,8 +252,7 @@ def read_stream(
         elif kind == "message_delta":
             usage |= {k: v for k, v in (event.get("usage") or {}).items() if v is not None}
         elif kind == "message_stop":
-            stopped = True
-            break
+            stopped = True  # read on to the body's end: the connection is then kept
         elif kind == "error":
             raise stream_error(event.get("error") or {}, response=response)
     if not stopped:

@@ -29,6 +29,7 @@ from workers.providers.base import (
     ModelResponse,
     Sharded,
     ToolCallRequest,
+    body_chunks,
     broken_stream,
     classify_error,
     is_event_stream,
@@ -169,14 +170,14 @@ class OpenAIProvider:
                 if not is_event_stream(response):
                     whole: dict[str, Any] = json.loads(response.read())
                     return whole
-                return read_stream(sse_data(response.iter_lines()), deltas)
+                return read_stream(sse_data(body_chunks(response)), deltas)
             except httpx.HTTPError as exc:
                 raise broken_stream(exc) from exc
             except ValueError as exc:
                 raise ModelPermanentError(f"the model provider streamed bad JSON: {exc}") from exc
 
 
-def read_stream(events: Iterator[str], deltas: Deltas) -> dict[str, Any]:
+def read_stream(events: Iterator[bytes], deltas: Deltas) -> dict[str, Any]:
     """A streamed completion's chunks (``chat.completion.chunk``, then ``[DONE]``) put back
     together as the whole completion, each piece handed to ``deltas`` on the way. Tool calls
     come in pieces by their ``index``: the first names the call's id and function, the rest
@@ -186,9 +187,11 @@ def read_stream(events: Iterator[str], deltas: Deltas) -> dict[str, Any]:
     usage: Any = None
     finished = False
     for data in events:
-        if data == "[DONE]":
+        if data == b"[DONE]":
+            # Read on to the body's end: a response left unread costs its connection, and the
+            # next call a new one (a TLS handshake, in production).
             finished = True
-            break
+            continue
         chunk = json.loads(data)
         if chunk.get("error"):
             raise stream_error(chunk["error"])
