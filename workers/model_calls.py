@@ -36,7 +36,7 @@ from shared.ratelimit.buckets import LimiterUnavailable, Take
 from shared.ratelimit.limiter import get_limiter
 from shared.settings import get_settings
 from workers import cancels, tokens
-from workers.deltas import Live
+from workers.gatherer import Live
 from workers.providers import ModelRequest, ModelResponse, Provider
 
 log = logging.getLogger("ratchet.model")

@@ -65,6 +65,7 @@ _DEFAULTS: dict[str, Any] = {
     "request_hash": None,
     "output_schema": None,
     "context": None,
+    "stream": None,
 }
 
 

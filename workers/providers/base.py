@@ -104,7 +104,7 @@ class ToolSchema:
 
 
 class Deltas(Protocol):
-    """Where a streaming call hands its answer as it comes (``workers.deltas`` gathers it for
+    """Where a streaming call hands its answer as it comes (``workers.gatherer`` gathers it for
     the task's live readers). A provider that is given one streams; without one it asks for
     the whole answer at once."""
 

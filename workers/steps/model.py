@@ -32,7 +32,7 @@ from shared.store.step_write import (
 from shared.store.tables import utcnow
 from shared.views import TaskState
 from workers import cancels, heartbeat, model_calls, tokens
-from workers.deltas import Live
+from workers.gatherer import Live
 from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import ToolSchema, answer_cap
 from workers.steps import output, window
