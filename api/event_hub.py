@@ -2,7 +2,9 @@
 
 SSE streams and long polls wait on an asyncio.Event per task instead of each holding a
 Redis connection; the hub sets the events of a task when a wake-up for it arrives (the
-transport's subscription: ``shared.transport``, which resubscribes after an outage). When the
+transport's subscription: ``shared.transport``, which resubscribes after an outage). A stream
+that shows live deltas watches with :meth:`EventHub.watch_live`: woken by new deltas as well,
+it is told which kind woke it, so it reads the database only for committed events. When the
 process is stopping, :meth:`EventHub.close` wakes every one of them for good: ``closing`` tells
 a stream to end (with a last event saying so) instead of waiting on.
 """
@@ -14,6 +16,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from shared.transport import get_transport
 from shared.transport.base import Following
@@ -21,9 +24,19 @@ from shared.transport.base import Following
 log = logging.getLogger("ratchet.api.events")
 
 
+@dataclass(eq=False)
+class LiveWatch:
+    """A stream's watch on a task: ``changed`` is set by any wake-up, ``committed`` is set
+    by one for committed events (or one that may have been missed); clear both yourself."""
+
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    committed: bool = True
+
+
 class EventHub:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._live: dict[str, set[LiveWatch]] = defaultdict(set)
         self._following: Following | None = None
         self.closing = False
 
@@ -31,7 +44,9 @@ class EventHub:
         """Follow the wake-ups (on the running event loop); outages are logged here."""
         await self.stop()  # a hub started again follows once
         self.closing = False
-        self._following = get_transport().follow_readers(self.wake, wake_all=self.wake_all, log=log)
+        self._following = get_transport().follow_readers(
+            self.wake, wake_all=self.wake_all, log=log, wake_deltas=self.wake_deltas
+        )
 
     async def stop(self) -> None:
         following, self._following = self._following, None
@@ -47,6 +62,25 @@ class EventHub:
     def wake(self, task_id: str) -> None:
         for event in self._waiters.get(task_id, ()):
             event.set()
+        for watch in self._live.get(task_id, ()):
+            watch.committed = True
+            watch.changed.set()
+
+    def wake_deltas(self, task_id: str) -> None:
+        for watch in self._live.get(task_id, ()):
+            watch.changed.set()
+
+    @contextlib.asynccontextmanager
+    async def watch_live(self, task_id: str) -> AsyncIterator[LiveWatch]:
+        """A watch woken by ``task_id``'s new events and by its new deltas."""
+        watch = LiveWatch()
+        self._live[task_id].add(watch)
+        try:
+            yield watch
+        finally:
+            self._live[task_id].discard(watch)
+            if not self._live[task_id]:
+                del self._live[task_id]
 
     @contextlib.asynccontextmanager
     async def watch(self, task_id: str) -> AsyncIterator[asyncio.Event]:
@@ -61,7 +95,7 @@ class EventHub:
                 del self._waiters[task_id]
 
     def wake_all(self) -> None:
-        for task_id in list(self._waiters):
+        for task_id in {*self._waiters, *self._live}:
             self.wake(task_id)
 
 

@@ -81,6 +81,7 @@ def submitted_as(task: Task) -> dict[str, Any]:
         "priority": task.priority,
         "output_schema": task.output_schema,
         "context": task.context,
+        "stream": task.stream,
     }
 
 

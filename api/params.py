@@ -57,6 +57,22 @@ def event_start(after: int | None, last_event_id: str | None) -> int:
     return parse_seq(last_event_id.strip(), field="Last-Event-ID")
 
 
+def event_position(after: int | None, last_event_id: str | None) -> tuple[int, int]:
+    """Where an event stream starts: ``(seq, pos)``, after the committed event ``seq`` and the
+    live delta at ``pos`` of the call that followed it (0: none; ``shared.deltas``). From
+    ``?after=`` (a seq), else ``Last-Event-ID`` (a seq, or a delta's ``<seq>.<pos>``), else
+    the start."""
+    if after is not None or last_event_id is None or "." not in last_event_id:
+        return event_start(after, last_event_id), 0
+    seq, _, pos = last_event_id.strip().partition(".")
+    if not (pos.isascii() and pos.isdigit()) or len(pos) > MAX_POSITION_DIGITS:
+        raise InvalidRequest("Last-Event-ID", "must be an event id this stream sent")
+    return parse_seq(seq, field="Last-Event-ID"), int(pos)
+
+
+MAX_POSITION_DIGITS = 24
+
+
 def cursor_after(cursor: str | None) -> str | None:
     """What a ``next_cursor`` this API returned points after; a 422 naming ``cursor`` for
     anything else."""

@@ -163,6 +163,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
         # The agent as this process defines it now is what the task runs, whatever deploy
         # the workers that run it have (shared.agents.versions).
         agent_version=versions.version_of(agent).id,
+        stream=body.stream,
     )
 
 

@@ -12,6 +12,11 @@ every Ratchet process (the worker's tree and the API) per model call; then the s
 LangGraph graph checkpointed by ``AsyncPostgresSaver`` in one asyncio process, all at once,
 on a shared HTTP client: the baseline. ``--code DIR`` runs the API and the worker from
 another checkout (a worktree of an earlier commit), for before/after pairs in one session.
+
+``--stream-chunks N`` runs the workload twice in one session: model calls not streaming
+(``RATCHET_STREAM_DEFAULT=false``), then streaming, the stub sending each answer in ``N``
+pieces over its latency; it reports both runs and the ratios of streaming to not (calls in
+flight, and the worker host's CPU per model call).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -204,6 +209,10 @@ class Scenario:
     timeout_factor: float
     http_tool: bool = False
     code: str | None = None  # the checkout the API and the worker run from; None: this one
+    # Streamed answers: the stub's pieces an answer (0: it answers whole), and whether the
+    # worker asks for a stream (None: the product's default).
+    chunks: int = 0
+    stream: bool | None = None
 
     @property
     def latency_s(self) -> float:
@@ -423,9 +432,12 @@ def _start_stack(
             *("--port", str(stub_port), "--latency-ms", str(scenario.latency_ms)),
             *("--tool-steps", str(scenario.tool_steps)),
             *(("--http-tool",) if scenario.http_tool else ()),
+            *("--chunks", str(scenario.chunks)),
             env=env,
         )
     )
+    if scenario.stream is not None:
+        env = {**env, "RATCHET_STREAM_DEFAULT": str(scenario.stream).lower()}
     with _running_from(scenario.code, env) as ratchet_env:
         api = stack.enter_context(Child("ratchet", "api", "--port", str(api_port), env=ratchet_env))
         worker = stack.enter_context(
@@ -470,6 +482,9 @@ def capacity(
     code: str = typer.Option(
         None, help="run the API and the worker from this checkout (e.g. an earlier commit's)"
     ),
+    stream_chunks: int = typer.Option(
+        0, help="run twice, model calls not streaming then streaming in this many pieces"
+    ),
 ) -> None:
     """Model calls in flight on one worker host (its defaults) against a slow model."""
     scenario = Scenario(
@@ -481,6 +496,9 @@ def capacity(
         http_tool=http_tool,
         code=code,
     )
+    if stream_chunks:
+        _streaming_or_not(scenario, chunks=stream_chunks)
+        return
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     env = _capacity_env(queue=queue)
     tenant_id, key = bench_key()
@@ -494,3 +512,40 @@ def capacity(
         drop_tenant(tenant_id)
         drop_queue(queue)
     emit("capacity-http-tool" if http_tool else "capacity", _capacity_report(run))
+
+
+def _streaming_or_not(scenario: Scenario, *, chunks: int) -> None:
+    """The workload not streaming, then streaming in ``chunks`` pieces an answer, each on a
+    stack of its own; both reports and the ratios of streaming to not."""
+    reports = {}
+    for name, mode in (
+        ("off", replace(scenario, stream=False)),
+        ("on", replace(scenario, stream=True, chunks=chunks)),
+    ):
+        queue = f"bench-{uuid.uuid4().hex[:8]}"
+        tenant_id, key = bench_key()
+        try:
+            with ExitStack() as stack:
+                stub_url, url, children = _start_stack(stack, mode, env=_capacity_env(queue=queue))
+                run = _measure_capacity(url, key, stack=children, stub_url=stub_url, scenario=mode)
+        finally:
+            drop_tenant(tenant_id)
+            drop_queue(queue)
+        reports[name] = _capacity_report(run)
+    off, on = reports["off"], reports["on"]
+
+    def ratio(name: str) -> float | None:
+        return round(on[name] / off[name], 2) if on.get(name) and off.get(name) else None
+
+    emit(
+        "capacity-stream",
+        {
+            "chunks_per_answer": chunks,
+            "in_flight_on_to_off": ratio("avg_in_flight_measured"),
+            "peak_in_flight_on_to_off": ratio("peak_in_flight"),
+            "worker_cpu_per_call_on_to_off": ratio("worker_cpu_ms_per_model_call"),
+            "target": "calls in flight streaming >= 0.9x not streaming",
+            "off": off,
+            "on": on,
+        },
+    )

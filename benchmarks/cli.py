@@ -20,6 +20,7 @@ from benchmarks import (
     limiter,
     mcp,
     neighbours,
+    streaming,
     submissions,
     throughput,
     walk,
@@ -64,6 +65,7 @@ app.command("mcp")(mcp.mcp)
 app.command("walk")(walk.walk)
 app.command("context")(context.context)
 app.command("latency")(latency.latency)
+app.command("stream")(streaming.stream)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",

@@ -227,6 +227,8 @@ class Client:
         """The task's events, from ``after`` on, until the one that ends it.
 
         A dropped stream is resumed with ``Last-Event-ID``: every event comes exactly once.
+        Only the committed events: a streaming model call's live ``message.delta`` events
+        (whose ids are not seqs) are passed over.
         """
         last, failures = after, 0
         while True:
@@ -255,7 +257,7 @@ class Client:
             fields: dict[str, str] = {}
             for line in response.iter_lines():
                 if not line:
-                    if "id" in fields:
+                    if fields.get("id", "").isdigit():
                         yield Event(
                             int(fields["id"]),
                             fields.get("event", ""),

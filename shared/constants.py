@@ -22,3 +22,8 @@ LAST_SWEEP_PREFIX = REDIS_PREFIX + "last-sweep:"
 # decision), per queue name: wakes the dispatcher that holds the lead.
 DISPATCH_CHANNEL_PREFIX = REDIS_PREFIX + "dispatch:"
 DISPATCH_GATE_PREFIX = REDIS_PREFIX + "dispatch-gate:"  # open: submissions may skip the backlog
+# A task's live deltas (a Redis stream per task, capped, expiring: ``shared.deltas``; the
+# {deltas} hash tag puts them in one cluster slot, so one script call appends a worker's batch),
+# and the channel that wakes event streams when more came: its message names the tasks.
+DELTAS_PREFIX = REDIS_PREFIX + "{deltas}:"
+DELTAS_CHANNEL = REDIS_PREFIX + "delta-wakes"

@@ -117,6 +117,9 @@ class Settings(BaseSettings):
     # production, where a task could otherwise hold a worker for as long as it likes.
     scripted_model: bool = False
     scripted_max_delay_ms: int = Field(60_000, ge=0, le=600_000)
+    # Live token streaming: whether a task's model calls stream when neither the task nor its
+    # agent says (``stream``); its deltas reach the task's event streams (shared/deltas.py).
+    stream_default: bool = True
     # Structured output: how often an answer that misses the task's output_schema goes back to
     # the model before the task fails (invalid_output), and the largest schema accepted.
     output_retries: int = Field(2, ge=0, le=20)

@@ -130,3 +130,15 @@ register_agent(
         tools=("read_page", "read_archive"),
     )
 )
+
+
+# An agent whose model calls never stream (a task's own ``stream`` still wins).
+register_agent(
+    Agent(
+        name="quiet",
+        description="Test agent that asks for whole answers.",
+        system_prompt="You answer in one piece.",
+        tools=("calculator",),
+        stream=False,
+    )
+)

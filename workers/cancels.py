@@ -52,14 +52,33 @@ class Watch:
         self.task_id = task_id
         self.cancelled = threading.Event()
         self._wakes: set[threading.Event] = set()
+        self._stops: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
     def cancel(self) -> None:
         with self._lock:
             self.cancelled.set()
             wakes = list(self._wakes)
+            stops = list(self._stops)
         for wake in wakes:
             wake.set()
+        for stop in stops:
+            stop()
+
+    @contextmanager
+    def stopping(self, stop: Callable[[], None]) -> Iterator[None]:
+        """Call ``stop`` on a cancel of the task while the block runs (at once if it was
+        cancelled already): a streaming model call's stream is shut, not left to run on."""
+        with self._lock:
+            self._stops.append(stop)
+            cancelled = self.cancelled.is_set()
+        if cancelled:
+            stop()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stops.remove(stop)
 
     @contextmanager
     def waking(self, wake: threading.Event) -> Iterator[None]:

@@ -21,6 +21,8 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -34,6 +36,7 @@ from shared.ratelimit.buckets import LimiterUnavailable, Take
 from shared.ratelimit.limiter import get_limiter
 from shared.settings import get_settings
 from workers import cancels, tokens
+from workers.gatherer import Live
 from workers.providers import ModelRequest, ModelResponse, Provider
 
 log = logging.getLogger("ratchet.model")
@@ -93,11 +96,13 @@ def complete(
     prior_failures: int,
     failed: list[dict[str, Any]] | None = None,
     still_held: Callable[[], bool] = lambda: True,
+    live: Live | None = None,
 ) -> ModelResponse:
     """The model's answer; raises ModelError (give up) or Deferred (come back later). Each
     failed call is added to ``failed`` (when, how long, the error), for the step timeline.
     Before each call, ``still_held()`` must say the step's lease is still this worker's, or
-    LeaseLost is raised: a stalled worker does not pay for an answer it could not commit."""
+    LeaseLost is raised: a stalled worker does not pay for an answer it could not commit.
+    Given ``live``, each attempt streams its answer to the task's live readers."""
     policy = RetryPolicy(prior=prior_failures)
     call = partial(
         limited_call,
@@ -107,6 +112,7 @@ def complete(
         tenant=tenant,
         failed=failed,
         still_held=still_held,
+        live=live,
     )
     # The first attempt runs outside the retry machinery (most calls succeed at once, and
     # tenacity's bookkeeping costs a call about what the rest of it does with an instant
@@ -161,6 +167,7 @@ def limited_call(
     tenant: str,
     failed: list[dict[str, Any]] | None = None,
     still_held: Callable[[], bool] = lambda: True,
+    live: Live | None = None,
 ) -> ModelResponse:
     """One provider call inside every bucket that applies; the buckets see the real usage."""
     estimate = partial(
@@ -173,7 +180,7 @@ def limited_call(
         raise LeaseLost(f"task {request.task_id}: its lease may have run out; not asking")
     started, started_at = time.perf_counter(), datetime.now(UTC)
     try:
-        response = ask(provider, request)
+        response = ask(provider, request, live=live)
     except ModelError as exc:
         if failed is not None:
             failed.append(failed_call(exc, started_at, time.perf_counter() - started))
@@ -192,18 +199,28 @@ def limited_call(
     return response
 
 
-def ask(provider: Provider, request: ModelRequest) -> ModelResponse:
+def ask(provider: Provider, request: ModelRequest, *, live: Live | None = None) -> ModelResponse:
     """One attempt: the provider's answer, on the model-call pool, within the attempt's
-    deadline; past it the attempt is abandoned and fails as transient."""
+    deadline; past it the attempt is abandoned and fails as transient.
+
+    Given ``live`` the attempt streams; a cancel of the task shuts its stream at once, and so
+    does its end however it ends (an abandoned call streams no further). Its last deltas are
+    handed over before its answer is returned, so they reach readers before its commit."""
     deadline = attempt_deadline()
+    deltas = live.attempt() if live is not None else None
+    watch = cancels.current()
+    asked = request if deltas is None else replace(request, deltas=deltas)
+    work = partial(provider.complete, asked)
     try:
-        return cancels.call(
-            partial(provider.complete, request), timeout=deadline, name="model", pool=cancels.MODEL
-        )
+        with nullcontext() if watch is None or deltas is None else watch.stopping(deltas.stop):
+            return cancels.call(work, timeout=deadline, name="model", pool=cancels.MODEL)
     except TimeoutError:
         raise ModelTransientError(
             f"the model provider did not answer within the call's {deadline:g} s deadline"
         ) from None
+    finally:
+        if deltas is not None:
+            deltas.finish()
 
 
 def attempt_deadline() -> float:

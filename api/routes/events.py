@@ -5,6 +5,12 @@ event hub and Postgres is read for the events themselves, so a resumed stream yi
 event exactly once and in order. It ends after the terminal event that is the task's current
 state: a ``task.failed`` followed by a retry's ``task.queued`` is not the end.
 
+While a model call streams, its deltas come between the committed events as ``message.delta``
+events (and ``message.discarded`` when a re-run drops a partial answer), read from the
+transport, never the database; their ids, ``<seq>.<pos>``, order them with the committed
+events, so ``Last-Event-ID`` resumes mid-call (``shared.deltas``). A stream that cannot read
+them (Redis is down) goes on with the committed events alone.
+
 It also ends, cleanly, when it cannot go on: the database became unavailable, or the API
 process is stopping. Its last event is then an ``error`` event (no ``id``: it is not in the
 log) whose data is a problem document, with a ``retry:`` hint; the client reconnects with
@@ -14,7 +20,6 @@ log) whose data is a problem document, with a ``retry:`` hint; the client reconn
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -26,13 +31,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from api.event_hub import hub
-from api.params import event_start
+from api.params import event_position
 from api.problems import DATABASE_RETRY_AFTER_SECONDS, DATABASE_UNAVAILABLE, responses
 from api.stream_limits import StreamReader
+from shared.deltas import LIVE_EVENT_TYPES, READ_BATCH, Cursor, Delta, read_deltas
 from shared.store import tasks
 from shared.store.db import get_sessionmaker
 from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, last_event, list_events
 from shared.store.tenants import APPROVE
+from shared.transport import TransportUnavailable
 
 log = logging.getLogger("ratchet.api.events")
 
@@ -69,30 +76,67 @@ def _check_exists(tenant_id: str, task_id: str) -> None:
 
 
 async def _stream(
-    request: Request, tenant_id: str, task_id: str, after: int, *, approval_links: bool
+    request: Request, tenant_id: str, task_id: str, cursor: Cursor, *, approval_links: bool
 ) -> AsyncIterator[str]:
-    last, quiet_since = after, time.monotonic()
-    async with hub.watch(task_id) as changed:
+    quiet_since = time.monotonic()
+    async with hub.watch_live(task_id) as woken:
         while not hub.closing:
-            changed.clear()
-            events, end = await run_in_threadpool(
-                _read, tenant_id, task_id, last, approval_links=approval_links
-            )
+            woken.changed.clear()
+            events: list[tuple[int, str, str]] = []
+            end = None
+            if woken.committed:
+                woken.committed = False
+                events, end = await run_in_threadpool(
+                    _read, tenant_id, task_id, cursor.seq, approval_links=approval_links
+                )
+            # Read after the log: a call's deltas are all in before its answer is committed,
+            # and those of the call in progress go before the events that follow it.
+            live, full = await run_in_threadpool(_live, task_id, cursor)
             for seq, type_, data in events:
+                send, live = cursor.before_commit(live)
+                for delta in send:
+                    yield _delta_event(delta)
                 yield f"id: {seq}\nevent: {type_}\ndata: {data}\n\n"
-                last, quiet_since = seq, time.monotonic()
-            if end is not None and last >= end:
-                return  # sent (now or before this stream resumed) the task's terminal event
-            if len(events) == BATCH:
-                continue  # a full batch: more are waiting, read on at once
+                cursor.committed(seq)
+                quiet_since = time.monotonic()
+            if end is not None and cursor.seq >= end:
+                return  # sent (now or before this stream resumed) the terminal event
+            send, live = cursor.take(live)
+            for delta in send:
+                yield _delta_event(delta)
+                quiet_since = time.monotonic()
+            if live:
+                woken.committed = True  # deltas after a commit this stream has not read
+            if len(events) == BATCH or (live and events):
+                continue  # more events waiting, or the commit those deltas follow
+            if full:
+                continue  # more deltas waiting
             if await request.is_disconnected():
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=FALLBACK_POLL_SECONDS)
+            try:
+                await asyncio.wait_for(woken.changed.wait(), timeout=FALLBACK_POLL_SECONDS)
+            except TimeoutError:
+                woken.committed = True  # a wake-up may have been lost: look at the log
             if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
                 yield ": keep-alive\n\n"
                 quiet_since = time.monotonic()
     yield _error_event("shutting-down", "the server is stopping; reconnect with Last-Event-ID")
+
+
+def _delta_event(delta: Delta) -> str:
+    return f"id: {delta.event_id}\nevent: {delta.event_type}\ndata: {delta.data}\n\n"
+
+
+def _live(task_id: str, cursor: Cursor) -> tuple[list[Delta], bool]:
+    """The delta log after the cursor, and whether more may be waiting. Nothing when the
+    transport does not answer: the live view is lost for a while, the committed events are
+    not."""
+    try:
+        read = read_deltas(task_id, cursor)
+    except TransportUnavailable:
+        log.debug("live deltas unavailable for task %s", task_id, exc_info=True)
+        return [], False
+    return read, len(read) == READ_BATCH
 
 
 def _error_event(slug: str, detail: str) -> str:
@@ -121,17 +165,24 @@ SSE_EVENT = {
     "properties": {
         "id": {
             "type": "string",
-            "pattern": "^[0-9]+$",
-            "description": "the event's seq: resume after it with Last-Event-ID (none on an "
-            "``error`` event)",
+            "pattern": "^[0-9]+(\\.[0-9]+)?$",
+            "description": "a committed event's seq, or a live delta's ``<seq>.<pos>`` (after "
+            "event ``seq``, before the next): resume after either with Last-Event-ID (none on "
+            "an ``error`` event)",
         },
-        "event": {"type": "string", "enum": [*EVENT_TYPES, "error"]},
+        "event": {"type": "string", "enum": [*EVENT_TYPES, *LIVE_EVENT_TYPES, "error"]},
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "description": "JSON: the task for task.* events, the step's record for step.*, "
-            "and for ``error`` (the stream's last event when the database is unavailable or the "
-            "server is stopping: reconnect with Last-Event-ID) a Problem",
+            "description": "JSON: the task for task.* events, the step's record for step.*; "
+            "for ``message.delta`` (not in the durable log: sent while a model call streams, "
+            "before its ``step.model_response``, which they concatenate to) ``step``, ``index`` "
+            "(the delta's place in its call, from 1), ``text`` (more of the answer) and/or "
+            "``tool_calls`` (each ``index``, the call's ``id`` and ``name`` on its first piece, "
+            "and more of its JSON ``arguments``); for ``message.discarded`` ``step`` and "
+            "``reason`` (``retried`` or ``rerun``): drop the step's partial answer, new deltas "
+            "follow; and for ``error`` (the stream's last event when the database is unavailable "
+            "or the server is stopping: reconnect with Last-Event-ID) a Problem",
         },
         "retry": {
             "type": "string",
@@ -176,13 +227,18 @@ async def stream_events(
     after: Annotated[int | None, Query(ge=0, description="replay events after this seq")] = None,
     last_event_id: Annotated[
         str | None,
-        Header(max_length=20, description="resume after this seq (``?after=`` wins over it)"),
+        Header(
+            max_length=40,
+            description="resume after this event id: a seq, or a delta's ``<seq>.<pos>`` "
+            "(``?after=`` wins over it)",
+        ),
     ] = None,
 ) -> StreamingResponse:
-    """Server-sent events, each ``id: <seq>``, ``event: <type>``, ``data: <json>``; a comment
-    line keeps an idle stream alive. Needs the ``tasks:read`` scope; a waiting call's
+    """Server-sent events, each ``id: <seq>``, ``event: <type>``, ``data: <json>``, and while a
+    model call streams its ``message.delta`` events (``id: <seq>.<pos>``); a comment line keeps
+    an idle stream alive. Needs the ``tasks:read`` scope; a waiting call's
     ``approval_url`` is sent only to a key that may decide it (``tasks:approve``)."""
-    start = event_start(after, last_event_id)
+    seq, pos = event_position(after, last_event_id)
     await run_in_threadpool(_check_exists, principal.tenant_id, task_id)  # 404 before streaming
     return StreamingResponse(
         _ending_cleanly(
@@ -190,7 +246,7 @@ async def stream_events(
                 request,
                 principal.tenant_id,
                 task_id,
-                start,
+                Cursor.resuming(seq, pos),
                 approval_links=principal.allows(APPROVE),
             )
         ),

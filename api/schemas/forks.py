@@ -21,6 +21,7 @@ OVERRIDES = frozenset(
         "budget",
         "webhook",
         "metadata",
+        "stream",
     }
 )
 
@@ -69,6 +70,9 @@ class TaskFork(BaseModel):
         None, description="for the fork's own model calls (its usage starts at zero)"
     )
     webhook: WebhookSpec | None = None
+    stream: bool | None = Field(
+        None, description="whether the fork's model calls stream (left out: the origin's)"
+    )
     metadata: (
         Annotated[dict[Annotated[Text, Field(max_length=100)], MetadataValue], Field(max_length=50)]
         | None

@@ -224,6 +224,12 @@ class TaskCreate(BaseModel):
         "at most RATCHET_OUTPUT_SCHEMA_MAX_BYTES",
         examples=[OUTPUT_SCHEMA_EXAMPLE],
     )
+    stream: bool | None = Field(
+        None,
+        description="whether its model calls stream their answers to the task's event stream "
+        "as `message.delta` events while the model writes (default: the agent's choice, else "
+        "RATCHET_STREAM_DEFAULT, on). Off, each call asks for the whole answer at once",
+    )
 
 
 class TaskList(BaseModel):

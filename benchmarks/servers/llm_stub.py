@@ -12,6 +12,12 @@ holds fewer than ``--tool-steps`` tool results, then answers "done". ``GET /stat
 the calls in flight now and at peak, the calls completed and the seconds they took in all;
 ``POST /stats/reset`` zeroes them.
 
+With ``--chunks N``, a request with ``"stream": true`` is answered as the real API streams:
+``chat.completion.chunk`` events, the latency spread over ``N`` pieces (a tool call's arguments
+in pieces; a final answer's text made of ``N`` marks, each ``<send time>;`` as ``time.time()``
+read when the piece went out, so a reader can tell how long each piece took to reach it), the
+usage in a last chunk, then ``[DONE]``. Without it, ``stream`` is ignored (the whole answer).
+
 With ``--http-tool``, the tool call asked for is ``http_request`` of this server's own
 ``GET /receiver``, which answers a small JSON body after ``--receiver-latency-ms``: an HTTP
 tool that costs a few ms of waiting (its calls are counted apart, as ``receiver_calls``).
@@ -117,7 +123,9 @@ class Stub:
         tool_steps: int,
         tool: ToolAsked = ToolAsked(),
         receiver_latency_s: float = 0.005,
+        chunks: int = 0,
     ) -> None:
+        self.chunks = chunks
         self.latency_s = latency_s
         self.tool_steps = tool_steps
         self.tool = tool
@@ -130,7 +138,9 @@ class Stub:
             return  # lifespan and websockets: nothing to set up, nothing to serve
         body = await _read_body(receive)
         route = (scope["method"], scope["path"])
-        if route == ("POST", COMPLETIONS_PATH):
+        if route == ("POST", COMPLETIONS_PATH) and self.chunks and _streamed(body):
+            await self._stream(send, body)
+        elif route == ("POST", COMPLETIONS_PATH):
             await _send_json(send, 200, payload=await self._complete(body))
         elif route == ("GET", "/receiver"):
             await asyncio.sleep(self.receiver_latency_s)
@@ -154,6 +164,62 @@ class Stub:
             return complete_chat(request, tool_steps=self.tool_steps, number=number, tool=self.tool)
         finally:
             self.stats.end_call(time.monotonic() - started)
+
+    async def _stream(self, send: Send, body: bytes) -> None:
+        """The answer as a stream of chunks, ``self.chunks`` pieces over the latency."""
+        started = time.monotonic()
+        self.stats.begin_call()
+        try:
+            request = json.loads(body)
+            whole = complete_chat(
+                request, tool_steps=self.tool_steps, number=next(self._numbers), tool=self.tool
+            )
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            head = {k: whole[k] for k in ("id", "model", "created")}
+            head |= {"object": "chat.completion.chunk", "usage": None}
+            message = whole["choices"][0]["message"]
+            calls = message.get("tool_calls")
+            raw = calls[0]["function"]["arguments"] if calls else ""
+            gap = self.latency_s / self.chunks
+            if calls:
+                named = {
+                    **calls[0],
+                    "index": 0,
+                    "function": {**calls[0]["function"]} | {"arguments": ""},
+                }
+                await _chunk(send, head, {"role": "assistant", "tool_calls": [named]})
+            for n in range(self.chunks):
+                await asyncio.sleep(gap)
+                if calls:
+                    piece = raw[n * len(raw) // self.chunks : (n + 1) * len(raw) // self.chunks]
+                    await _chunk(
+                        send, head, {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                    )
+                else:
+                    await _chunk(send, head, {"content": f"{time.time():.6f};"})
+            finish = whole["choices"][0]["finish_reason"]
+            await _chunk(send, head, {}, finish=finish)
+            await _event(send, head | {"choices": [], "usage": whole["usage"]})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        finally:
+            self.stats.end_call(time.monotonic() - started)
+
+
+def _streamed(body: bytes) -> bool:
+    return bool(json.loads(body or b"{}").get("stream"))
+
+
+async def _chunk(
+    send: Send, head: dict[str, Any], delta: dict[str, Any], *, finish: str | None = None
+) -> None:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    await _event(send, head | {"choices": [choice]})
+
+
+async def _event(send: Send, chunk: dict[str, Any]) -> None:
+    data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    await send({"type": "http.response.body", "body": data, "more_body": True})
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -180,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tool-steps", type=int, default=2)
     parser.add_argument("--http-tool", action="store_true", help="ask for http_request calls")
     parser.add_argument("--receiver-latency-ms", type=float, default=5.0)
+    parser.add_argument("--chunks", type=int, default=0, help="stream when asked, in N pieces")
     args = parser.parse_args(argv)
     import uvicorn
 
@@ -192,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
         tool_steps=args.tool_steps,
         tool=tool,
         receiver_latency_s=args.receiver_latency_ms / 1000,
+        chunks=args.chunks,
     )
     # A backlog deep enough for every benchmark client to connect at once.
     uvicorn.run(

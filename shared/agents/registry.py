@@ -107,6 +107,8 @@ class Agent:
     context: dict[str, Any] | None = None
     # The JSON Schema its final answers must meet (a task's own output_schema wins).
     output_schema: dict[str, Any] | None = None
+    # Whether its tasks' model calls stream (a task's own ``stream`` wins; None: the setting).
+    stream: bool | None = None
 
 
 @dataclass

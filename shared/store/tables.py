@@ -141,6 +141,9 @@ class Task(Base):
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType)
     output_schema: Mapped[dict[str, Any] | None]  # JSON Schema the final answer must meet
     context: Mapped[dict[str, Any] | None]  # the context-window policy: {"policy": …}
+    # Live token streaming: whether its model calls stream (None: its agent's choice, else
+    # RATCHET_STREAM_DEFAULT).
+    stream: Mapped[bool | None]
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]

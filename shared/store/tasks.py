@@ -75,6 +75,7 @@ class NewTask:
     thread_id: str | None = None
     turn: int | None = None
     turn_held: bool = False
+    stream: bool | None = None  # whether its model calls stream (None: the default)
 
 
 def create_task(
@@ -116,6 +117,7 @@ def create_task(
         thread_id=spec.thread_id,
         turn=spec.turn,
         turn_held=spec.turn_held,
+        stream=spec.stream,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now

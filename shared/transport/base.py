@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from shared.deltas import Delta, Piece
 from shared.errors import RatchetError
 from shared.ratelimit.buckets import Limiter
 from shared.settings import Settings
@@ -103,9 +104,15 @@ class Transport(ABC):
 
     @abstractmethod
     def follow_readers(
-        self, wake: Listener, *, wake_all: Callable[[], None], log: logging.Logger
+        self,
+        wake: Listener,
+        *,
+        wake_all: Callable[[], None],
+        log: logging.Logger,
+        wake_deltas: Listener | None = None,
     ) -> Following:
-        """Call ``wake(task_id)`` on the running event loop for each event wake-up, and
+        """Call ``wake(task_id)`` on the running event loop for each event wake-up,
+        ``wake_deltas(task_id)`` for each wake-up that only says new deltas came, and
         ``wake_all()`` whenever some may have been missed (an outage, a resubscription),
         until the returned subscription stops. Outages are logged on ``log``."""
 
@@ -113,6 +120,20 @@ class Transport(ABC):
     def follow_cancels(self, cancel: Listener, *, log: logging.Logger) -> None:
         """Call ``cancel(task_id)`` for each cancel wake-up, for as long as the process lives
         (call it once a process). Outages are logged on ``log``."""
+
+    # --- the live deltas of model calls (``shared.deltas``) ----------------------------------
+
+    @abstractmethod
+    def append_deltas(self, pieces: Sequence[Piece]) -> bool:
+        """Append each piece to its task's delta log (fenced by call, a discard entry before a
+        newer call's first piece where the log ends in a partial answer of the same step; see
+        ``shared.deltas``), and wake those tasks' readers; whether they went out. Never
+        raises: a lost piece costs the readers the live view of its call, never the answer."""
+
+    @abstractmethod
+    def read_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
+        """The entries of ``task_id``'s delta log after position ``after``, oldest first.
+        May raise :class:`TransportUnavailable`."""
 
     # --- the live view, the gate, the limiter, readiness -----------------------------------
 

@@ -6,14 +6,17 @@ transport."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kombu.exceptions import ChannelError
 
+from shared.deltas import LOG_MAX_ENTRIES, LOG_TTL_SECONDS, Delta, Piece, discarded_data
 from shared.queue import get_celery
 from shared.ratelimit.in_process import LocalLimiter
 from shared.settings import Settings
@@ -58,18 +61,94 @@ class LocalWaiter:
 class LocalFollowing:
     """The event hub's listener: a wake-up from any thread reaches the hub on its loop."""
 
-    def __init__(self, listeners: Listeners, wake: Listener) -> None:
+    def __init__(
+        self,
+        listeners: Listeners,
+        wake: Listener,
+        *,
+        delta_listeners: Listeners,
+        wake_deltas: Listener | None,
+    ) -> None:
         self._listeners = listeners
+        self._delta_listeners = delta_listeners
         self._wake = wake
+        self._wake_deltas = wake_deltas
         self._loop = asyncio.get_running_loop()
         listeners.add(self._from_thread)
+        delta_listeners.add(self._deltas_from_thread)
 
     def _from_thread(self, task_id: str) -> None:
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake, task_id)
 
+    def _deltas_from_thread(self, task_id: str) -> None:
+        if self._wake_deltas is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake_deltas, task_id)
+
     async def stop(self) -> None:
         self._listeners.discard(self._from_thread)
+        self._delta_listeners.discard(self._deltas_from_thread)
+
+
+@dataclass
+class DeltaLog:
+    """One task's delta log in memory: its entries (positions increasing), the call that
+    wrote the last of them, and when it was last written (monotonic)."""
+
+    entries: list[Delta] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    call: tuple[int, int] = (0, 0)
+    touched: float = 0.0
+
+
+class LocalDeltas:
+    """Every task's delta log in this process, with the rules of ``shared.deltas``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logs: dict[str, DeltaLog] = {}
+        self._pos = int(time.time() * 1000) * 1000  # positions go on rising across logs
+        self._swept = time.monotonic()
+
+    def append(self, piece: Piece) -> bool:
+        """Append ``piece`` (and a discard entry before it, when due); False if refused."""
+        now = time.monotonic()
+        with self._lock:
+            log = self._logs.setdefault(piece.task_id, DeltaLog())
+            call = (piece.epoch, piece.attempt)
+            last = log.entries[-1] if log.entries else None
+            if last is not None and call < log.call:
+                return False  # a call older than the one that wrote last
+            partial = last is not None and last.kind == "delta" and last.step == piece.step
+            if partial and call != log.call:
+                reason = "retried" if piece.epoch == log.call[0] else "rerun"
+                self._add(log, Delta(0, "discarded", piece.step, piece.after, ""), reason)
+            self._add(log, Delta(0, "delta", piece.step, piece.after, piece.data))
+            log.call, log.touched = call, now
+            if now - self._swept > LOG_TTL_SECONDS:
+                self._sweep(now)
+        return True
+
+    def _add(self, log: DeltaLog, delta: Delta, reason: str = "") -> None:
+        self._pos += 1
+        data = discarded_data(delta.step, reason) if delta.kind == "discarded" else delta.data
+        log.entries.append(Delta(self._pos, delta.kind, delta.step, delta.after, data))
+        log.positions.append(self._pos)
+        if len(log.entries) > LOG_MAX_ENTRIES:
+            del log.entries[0], log.positions[0]
+
+    def _sweep(self, now: float) -> None:
+        self._swept = now
+        for task_id in [t for t, log in self._logs.items() if now - log.touched > LOG_TTL_SECONDS]:
+            del self._logs[task_id]
+
+    def read(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
+        with self._lock:
+            log = self._logs.get(task_id)
+            if log is None:
+                return []
+            start = bisect.bisect_right(log.positions, after)
+            return log.entries[start : start + limit]
 
 
 class LocalPresence:
@@ -112,6 +191,8 @@ class LocalTransport(Transport):
 
     def __init__(self) -> None:
         self._readers = Listeners()
+        self._delta_readers = Listeners()
+        self._deltas = LocalDeltas()
         self._cancels = Listeners()
         self._dispatch = threading.Event()
         self._lock = threading.Lock()
@@ -153,9 +234,28 @@ class LocalTransport(Transport):
             listener(task_id)
 
     def follow_readers(
-        self, wake: Listener, *, wake_all: Callable[[], None], log: logging.Logger
+        self,
+        wake: Listener,
+        *,
+        wake_all: Callable[[], None],
+        log: logging.Logger,
+        wake_deltas: Listener | None = None,
     ) -> Following:
-        return LocalFollowing(self._readers, wake)  # calls, never lost: no gap to make up
+        # Calls, never lost: no gap to make up.
+        return LocalFollowing(
+            self._readers, wake, delta_listeners=self._delta_readers, wake_deltas=wake_deltas
+        )
+
+    def append_deltas(self, pieces: Sequence[Piece]) -> bool:
+        woken = {piece.task_id for piece in pieces if self._deltas.append(piece)}
+        listeners = self._delta_readers.snapshot()
+        for task_id in woken:
+            for listener in listeners:
+                listener(task_id)
+        return True
+
+    def read_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
+        return self._deltas.read(task_id, after=after, limit=limit)
 
     def follow_cancels(self, cancel: Listener, *, log: logging.Logger) -> None:
         self._cancels.add(cancel)  # the API's cancel calls the step's watch directly

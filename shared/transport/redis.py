@@ -25,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 
 import redis
@@ -34,12 +34,15 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 
 from shared.constants import (
     CANCELS_CHANNEL,
+    DELTAS_CHANNEL,
+    DELTAS_PREFIX,
     DISPATCH_CHANNEL_PREFIX,
     EVENTS_CHANNEL_PREFIX,
     LAST_SWEEP_PREFIX,
     WORKER_PREFIX,
     WORKERS_PREFIX,
 )
+from shared.deltas import LOG_MAX_ENTRIES, LOG_TTL_SECONDS, Delta, Piece
 from shared.ratelimit.limiter import RedisLimiter
 from shared.settings import Settings
 from shared.transport.base import (
@@ -99,6 +102,58 @@ local flying = tonumber(redis.call('GET', KEYS[1]) or '0')
 if flying > 0 then redis.call('DECR', KEYS[1]) end
 return 0
 """
+
+# KEYS: the tasks' delta logs (streams), a key a piece. ARGV: the cap, the TTL in ms, the wake-up
+# channel, the prefix of the keys, then five values a piece: step, epoch, attempt, after, data.
+# Appends each piece with the rules of ``shared.deltas``: a piece of an older call than its
+# log's last entry's is refused; a newer call's first piece, where the log ends in a delta of
+# the same step, goes in after a discard entry (its data as ``discarded_data`` writes it).
+# Then one wake-up names every task that got a piece. One call a batch: a command a piece
+# cost the worker more CPU than the rest of its streaming.
+_APPEND_DELTAS = """
+local cap, ttl, channel, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local woken = {}
+for i, key in ipairs(KEYS) do
+  local at = 4 + (i - 1) * 5
+  local step, epoch, attempt, after = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  local e, t = tonumber(epoch), tonumber(attempt)
+  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+  local refused = false
+  if last then
+    local f = {}
+    for j = 1, #last[2], 2 do f[last[2][j]] = last[2][j + 1] end
+    local le, lt = tonumber(f['e']), tonumber(f['t'])
+    refused = e < le or (e == le and t < lt)
+    if not refused and (e ~= le or t ~= lt) and f['k'] == 'delta' and f['s'] == step then
+      local reason = 'rerun'
+      if e == le then reason = 'retried' end
+      redis.call('XADD', key, 'MAXLEN', '~', cap, '*', 'k', 'discarded', 's', step,
+        'e', epoch, 't', attempt, 'a', after,
+        'd', '{"step":' .. step .. ',"reason":"' .. reason .. '"}')
+    end
+  end
+  if not refused then
+    redis.call('XADD', key, 'MAXLEN', '~', cap, '*', 'k', 'delta', 's', step,
+      'e', epoch, 't', attempt, 'a', after, 'd', ARGV[at + 5])
+    redis.call('PEXPIRE', key, ttl)
+    woken[#woken + 1] = string.sub(key, #prefix + 1)
+  end
+end
+if #woken > 0 then redis.call('PUBLISH', channel, table.concat(woken, ' ')) end
+return #woken
+"""
+# A stream entry's id (``<ms>-<n>``) as one increasing number: ``ms * 1000 + n`` (a task's log
+# never gets a thousand entries in one millisecond: its worker appends every few tens of ms).
+POS_PER_MS = 1000
+
+
+def position(entry_id: bytes | str) -> int:
+    ms, _, n = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
+    return int(ms) * POS_PER_MS + int(n or 0)
+
+
+def entry_id(pos: int) -> str:
+    return f"{pos // POS_PER_MS}-{pos % POS_PER_MS}"
 
 
 @lru_cache
@@ -206,12 +261,20 @@ class RedisWaiter:
 
 
 class RedisFollowing:
-    """An API process's subscription to every task's event wake-ups, on its event loop."""
+    """An API process's subscription to every task's event wake-ups (and delta wake-ups, when
+    it has a listener for them), on its event loop."""
 
     def __init__(
-        self, url: str, wake: Listener, *, wake_all: Callable[[], None], log: logging.Logger
+        self,
+        url: str,
+        wake: Listener,
+        *,
+        wake_all: Callable[[], None],
+        log: logging.Logger,
+        wake_deltas: Listener | None = None,
     ) -> None:
         self._url, self._wake, self._wake_all, self._log = url, wake, wake_all, log
+        self._wake_deltas = wake_deltas
         self._task = asyncio.create_task(self._listen(), name="ratchet-event-hub")
 
     async def stop(self) -> None:
@@ -230,6 +293,8 @@ class RedisFollowing:
             try:
                 async with client.pubsub() as pubsub:
                     await pubsub.psubscribe(EVENTS_CHANNEL_PREFIX + "*")
+                    if self._wake_deltas is not None:
+                        await pubsub.subscribe(DELTAS_CHANNEL)
                     if down_since is not None:
                         self._log.info(
                             "event wake-ups restored after %.0f s", time.monotonic() - down_since
@@ -256,10 +321,15 @@ class RedisFollowing:
 
     async def _relay(self, pubsub: AsyncPubSub) -> None:
         async for message in pubsub.listen():
-            if message.get("type") == "pmessage":
+            kind = message.get("type")
+            if kind == "pmessage":
                 name = message["channel"]
                 name = name.decode() if isinstance(name, bytes) else str(name)
                 self._wake(name.removeprefix(EVENTS_CHANNEL_PREFIX))
+            elif kind == "message" and self._wake_deltas is not None:
+                data = message["data"]
+                for task_id in (data.decode() if isinstance(data, bytes) else str(data)).split():
+                    self._wake_deltas(task_id)
 
 
 def follow_cancels_forever(url: str, cancel: Listener, *, log: logging.Logger) -> None:
@@ -352,6 +422,7 @@ class RedisTransport(Transport):
         self._take = self._broker.register_script(_TAKE) if self._broker is not None else None
         self._reset = self._broker.register_script(_RESET) if self._broker is not None else None
         self._land = self._broker.register_script(_LAND) if self._broker is not None else None
+        self._append_deltas = self._client.register_script(_APPEND_DELTAS)
         self._limiter = RedisLimiter(self._client)
         self._publisher: tuple[int, Publisher] | None = None  # by process: threads die in a fork
         self._lock = threading.Lock()
@@ -403,9 +474,43 @@ class RedisTransport(Transport):
             log.warning("cancel wake-up for %s not published; the heartbeat will see it", task_id)
 
     def follow_readers(
-        self, wake: Listener, *, wake_all: Callable[[], None], log: logging.Logger
+        self,
+        wake: Listener,
+        *,
+        wake_all: Callable[[], None],
+        log: logging.Logger,
+        wake_deltas: Listener | None = None,
     ) -> Following:
-        return RedisFollowing(self.redis_url, wake, wake_all=wake_all, log=log)
+        return RedisFollowing(
+            self.redis_url, wake, wake_all=wake_all, log=log, wake_deltas=wake_deltas
+        )
+
+    def append_deltas(self, pieces: Sequence[Piece]) -> bool:
+        """One script call for the whole batch (see ``_APPEND_DELTAS``)."""
+        keys = [DELTAS_PREFIX + p.task_id for p in pieces]
+        args: list[str | int] = [LOG_MAX_ENTRIES, LOG_TTL_SECONDS * 1000, DELTAS_CHANNEL]
+        args.append(DELTAS_PREFIX)
+        for p in pieces:
+            args += [p.step, p.epoch, p.attempt, p.after, p.data]
+        try:
+            self._append_deltas(keys=keys, args=args)
+        except redis.RedisError:
+            log.debug("deltas not appended", exc_info=True)
+            return False
+        return True
+
+    def read_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
+        start = f"({entry_id(after)}" if after else "-"
+        with _unavailable():
+            entries = self._client.xrange(DELTAS_PREFIX + task_id, start, "+", count=limit)
+        found = []
+        for raw_id, fields in entries:  # type: ignore[union-attr]
+            step, after_seq, data = int(fields[b"s"]), int(fields[b"a"]), fields[b"d"].decode()
+            if fields[b"k"] == b"discarded":
+                found.append(Delta(position(raw_id), "discarded", step, after_seq, data))
+            else:
+                found.append(Delta(position(raw_id), "delta", step, after_seq, data))
+        return found
 
     def follow_cancels(self, cancel: Listener, *, log: logging.Logger) -> None:
         threading.Thread(

@@ -16,6 +16,13 @@ wrong, and answers ``400 invalid_request_error`` (taking no reply) when it break
 ``max_tokens`` is required and above a thinking budget; at most four ``cache_control``
 breakpoints; with thinking on, an assistant turn that called tools starts with its thinking
 block, sent back with its signature exactly as it was given out.
+
+A request with ``"stream": true`` gets a 200 reply as the API streams it: ``message_start``
+(the usage known at the start), per block ``content_block_start``, its pieces as
+``content_block_delta`` (``text_delta``, ``input_json_delta``, ``thinking_delta`` then one
+``signature_delta``; a redacted block comes whole) and ``content_block_stop``, then
+``message_delta`` (the stop reason and the output usage) and ``message_stop``. A reply made
+with :func:`stream_error` breaks off mid-stream with an ``error`` event after its first block.
 """
 
 from __future__ import annotations
@@ -45,12 +52,26 @@ class MessagesServer:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 status, reply = outer.answer(self.path, body, self.headers.get("x-api-key"))
+                if status == 200 and body.get("stream"):
+                    self.stream(stream_events(reply))
+                    return
                 data = json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def stream(self, events: list[dict[str, Any]]) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for event in events:
+                    data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
 
             def log_message(self, *_: Any) -> None:
                 pass
@@ -177,6 +198,68 @@ def message(
         "stop_sequence": None,
         "usage": usage,
     }
+
+
+PIECE = 5  # characters of text, thinking or tool input a streamed delta carries
+
+
+def stream_events(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Messages-API answer as the events of its stream (see the module's docstring)."""
+    usage = dict(reply["usage"])
+    start_usage = usage | {"output_tokens": 1}
+    start_usage.pop("output_tokens_details", None)
+    message = {k: v for k, v in reply.items() if k not in ("content", "usage", "stream_error")}
+    events: list[dict[str, Any]] = [
+        {
+            "type": "message_start",
+            "message": message | {"content": [], "stop_reason": None, "usage": start_usage},
+        }
+    ]
+    for index, block in enumerate(reply["content"]):
+        events += _block_events(index, block)
+        if "stream_error" in reply:
+            return [*events, {"type": "error", "error": reply["stream_error"]}]
+    final = {"output_tokens": usage["output_tokens"]}
+    if "output_tokens_details" in usage:
+        final["output_tokens_details"] = usage["output_tokens_details"]
+    delta = {"stop_reason": reply["stop_reason"], "stop_sequence": None}
+    return [
+        *events,
+        {"type": "message_delta", "delta": delta, "usage": final},
+        {"type": "message_stop"},
+    ]
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
+    kind = block["type"]
+    pieces: list[dict[str, Any]] = []
+    if kind == "text":
+        start = {"type": "text", "text": ""}
+        pieces = [{"type": "text_delta", "text": p} for p in _split(block["text"])]
+    elif kind == "tool_use":
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        raw = json.dumps(block["input"])
+        pieces = [{"type": "input_json_delta", "partial_json": p} for p in _split(raw)]
+    elif kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        pieces = [{"type": "thinking_delta", "thinking": p} for p in _split(block["thinking"])]
+        pieces.append({"type": "signature_delta", "signature": block["signature"]})
+    else:
+        start = block  # redacted thinking comes whole
+    return [
+        {"type": "content_block_start", "index": index, "content_block": start},
+        *({"type": "content_block_delta", "index": index, "delta": p} for p in pieces),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def _split(text: str) -> list[str]:
+    return [text[at : at + PIECE] for at in range(0, len(text), PIECE)]
+
+
+def stream_error(reply: dict[str, Any], kind: str, message: str) -> dict[str, Any]:
+    """``reply`` streamed up to its first block, then broken off by an ``error`` event."""
+    return reply | {"stream_error": {"type": kind, "message": message}}
 
 
 def text(value: str) -> dict[str, Any]:

@@ -25,6 +25,15 @@ depend on what was asked (many tasks at once, or requests repeated after a crash
 Queued replies still come first. Every request is recorded (method, path, headers, parsed
 JSON body, arrival time), so a test can assert exactly what the provider sent.
 
+A request with ``"stream": true`` gets its completion as the real API streams one: server-sent
+``chat.completion.chunk`` events (a role chunk, the text in pieces, each tool call's id and name
+and then its arguments in pieces, a ``finish_reason`` chunk, the usage in a last chunk when
+``stream_options.include_usage`` asks, then ``data: [DONE]``), chunked on a kept-alive
+connection. ``answer("…", chunks=50, seconds=2.0)`` sends the text in 50 pieces over 2 s; each
+piece's send time is recorded (``sent``), and a stream the client cut off counts as
+undelivered. ``OpenAIServer(streams=False)`` is a server that ignores ``stream`` (some
+OpenAI-compatible servers do) and always answers with the whole completion.
+
 Use the fixture by importing it into a test module::
 
     from tests.fakes.openai_server import openai_server  # noqa: F401
@@ -71,6 +80,10 @@ class Completion:
     # completion, spent reasoning.
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+    # Streamed: the text (or, without text, each call's arguments) in this many pieces
+    # (None: about four characters each), spread over ``seconds``.
+    chunks: int | None = None
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -112,13 +125,19 @@ def tool_call(
     call_id: str | None = None,
     prompt_tokens: int = 20,
     completion_tokens: int = 10,
+    chunks: int | None = None,
+    seconds: float = 0.0,
 ) -> Completion:
     """A completion that asks for one tool call."""
     call = Call(name, {} if arguments is None else arguments)
     if call_id is not None:
         call = dataclasses.replace(call, id=call_id)
     return Completion(
-        calls=(call,), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+        calls=(call,),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        chunks=chunks,
+        seconds=seconds,
     )
 
 
@@ -127,10 +146,22 @@ def tool_calls(*calls: Call, prompt_tokens: int = 20, completion_tokens: int = 1
     return Completion(calls=calls, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
 
 
-def answer(content: str, *, prompt_tokens: int = 20, completion_tokens: int = 10) -> Completion:
-    """A final text answer (``finish_reason: "stop"``)."""
+def answer(
+    content: str,
+    *,
+    prompt_tokens: int = 20,
+    completion_tokens: int = 10,
+    chunks: int | None = None,
+    seconds: float = 0.0,
+) -> Completion:
+    """A final text answer (``finish_reason: "stop"``); streamed, in ``chunks`` pieces over
+    ``seconds``."""
     return Completion(
-        content=content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+        content=content,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        chunks=chunks,
+        seconds=seconds,
     )
 
 
@@ -170,11 +201,13 @@ class Received:
 class OpenAIServer:
     """The server, its reply queue and its request log. Thread-safe; a context manager."""
 
-    def __init__(self, responder: Responder | None = None) -> None:
+    def __init__(self, responder: Responder | None = None, *, streams: bool = True) -> None:
         self._responder = responder
+        self.streams = streams
         self._replies: deque[Reply] = deque()
         self._received: list[Received] = []
         self._undelivered: list[float] = []  # arrival times of requests whose answer was lost
+        self._sent: list[tuple[float, str]] = []  # (time.time(), text) of each streamed piece
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._ids = itertools.count(1)
@@ -208,6 +241,13 @@ class OpenAIServer:
         the client had gone (killed, or its connection dropped), so it may ask again."""
         with self._lock:
             return set(self._undelivered)
+
+    @property
+    def sent(self) -> list[tuple[float, str]]:
+        """Each streamed piece of text or arguments: when it was sent (``time.time()``, so
+        another process can compare) and what it held, in order."""
+        with self._lock:
+            return list(self._sent)
 
     @property
     def pending(self) -> int:
@@ -285,6 +325,50 @@ class OpenAIServer:
             "usage": _usage(reply),
         }
 
+    def _chunks(self, reply: Completion, model: str, *, usage: bool) -> list[tuple[str, Any]]:
+        """The completion as the stream's chunks: ``(piece, chunk)``, the piece of text or
+        arguments it carries (empty for the others)."""
+        head = {
+            "id": f"chatcmpl-test-{next(self._ids)}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": None,
+        } | ({"usage": None} if usage else {})
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return head | {"choices": [choice]}
+
+        chunks: list[tuple[str, Any]] = [("", chunk({"role": "assistant", "content": ""}))]
+        count = reply.chunks
+        if reply.content:
+            for piece in _pieces(reply.content, count):
+                chunks.append((piece, chunk({"content": piece})))
+        for index, call in enumerate(reply.calls):
+            raw = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+            function = {"name": call.name, "arguments": ""}
+            named = {"index": index, "id": call.id, "type": "function", "function": function}
+            chunks.append(("", chunk({"tool_calls": [named]})))
+            each = None if count is None or reply.content else max(1, count // len(reply.calls))
+            for piece in _pieces(raw, each):
+                more = {"index": index, "function": {"arguments": piece}}
+                chunks.append((piece, chunk({"tool_calls": [more]})))
+        chunks.append(("", chunk({}, "tool_calls" if reply.calls else "stop")))
+        if usage:
+            chunks.append(("", head | {"choices": [], "usage": _usage(reply)}))
+        return chunks
+
+
+def _pieces(text: str, count: int | None) -> list[str]:
+    """``text`` in ``count`` pieces as even as may be (None: about four characters each)."""
+    if not text:
+        return []
+    count = max(1, min(len(text), count if count is not None else -(-len(text) // 4)))
+    size, extra = divmod(len(text), count)
+    bounds = [i * size + min(i, extra) for i in range(count + 1)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
 
 def _usage(reply: Completion) -> dict[str, Any]:
     usage: dict[str, Any] = {
@@ -337,15 +421,42 @@ class _Handler(BaseHTTPRequestHandler):
             reply = reply.then
         if reply is None:
             reply = answer("(answered after a stall)")
-        model = received.body.get("model", "") if isinstance(received.body, dict) else ""
+        body = received.body if isinstance(received.body, dict) else {}
+        model = body.get("model", "")
         try:
-            if isinstance(reply, Completion):
+            if isinstance(reply, Completion) and body.get("stream") and fake.streams:
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                self._stream(reply, fake._chunks(reply, model, usage=usage))
+            elif isinstance(reply, Completion):
                 self._send(200, fake._completion_body(reply, model))
             else:
                 self._send_error(reply)
         except (BrokenPipeError, ConnectionResetError):
             with fake._lock:  # the client gave up or went away: nothing to tell it
                 fake._undelivered.append(received.at)
+
+    def _stream(self, reply: Completion, chunks: list[tuple[str, Any]]) -> None:
+        """Send ``chunks`` as server-sent events, the pieces ``reply.seconds`` apart in all."""
+        fake = self.server.fake
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        gap = reply.seconds / max(1, sum(1 for piece, _ in chunks if piece))
+        for piece, chunk in chunks:
+            if piece and gap and fake._closing.wait(gap):
+                return
+            self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+            if piece:
+                with fake._lock:
+                    fake._sent.append((time.time(), piece))
+        self._write_chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
 
     def _drip(self, interval: float) -> None:
         closing = self.server.fake._closing

@@ -47,13 +47,14 @@ class Event:
 
 
 def parse_sse(text: str) -> list[Event]:
-    """The events of an SSE body: ``id``/``event``/``data`` fields, a blank line after each."""
+    """The committed events of an SSE body (``id``/``event``/``data`` fields, a blank line
+    after each): live deltas, whose ids are ``<seq>.<pos>``, are left out."""
     events = []
     for block in text.split("\n\n"):
         fields = dict(
             line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
         )
-        if fields:
+        if fields and "." not in fields["id"]:
             events.append(Event(int(fields["id"]), fields["event"], json.loads(fields["data"])))
     return events
 

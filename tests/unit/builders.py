@@ -71,6 +71,7 @@ _DEFAULTS: dict[str, Any] = {
     "turn": None,
     "turn_held": False,
     "rolled_back": False,
+    "stream": None,
 }
 
 

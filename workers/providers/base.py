@@ -9,16 +9,19 @@ to and from their wire formats.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import itertools
 import json
 import math
 import os
 import re
+import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -100,6 +103,28 @@ class ToolSchema:
     parameters: dict[str, Any]
 
 
+class Deltas(Protocol):
+    """Where a streaming call hands its answer as it comes (``workers.gatherer`` gathers it for
+    the task's live readers). A provider that is given one streams; without one it asks for
+    the whole answer at once."""
+
+    def text(self, delta: str) -> None:
+        """More of the answer's text."""
+
+    def tool_call(self, index: int, *, call_id: str, name: str, arguments: str) -> None:
+        """More of the tool call at ``index`` (in the answer's order): its id and name (empty
+        once given) and the next piece of its JSON arguments."""
+
+    def stopping(self, stop: Callable[[], None]) -> AbstractContextManager[None]:
+        """While the block runs, call ``stop`` (from any thread) when the call must end at
+        once (its task was cancelled, or it was abandoned); at once if that already happened.
+        Never after the block: by then the connection may serve another call."""
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the call was told to stop."""
+
+
 @dataclass(frozen=True)
 class ModelRequest:
     task_id: str
@@ -114,6 +139,8 @@ class ModelRequest:
     # What the call is for: a step's answer, or a summary of the conversation so far (the
     # ``summarize`` context policy), which the scripted model writes from the messages.
     purpose: Literal["step", "summary"] = "step"
+    # Given: the provider streams the answer into it as it comes (``Deltas``).
+    deltas: Deltas | None = None
 
 
 @dataclass(frozen=True)
@@ -281,3 +308,55 @@ _TOO_LONG = re.compile(
 def _too_long(exc: Exception) -> bool:
     said = f"{getattr(exc, 'code', '') or ''} {getattr(exc, 'message', '') or exc}"
     return _TOO_LONG.search(said) is not None
+
+
+def sse_data(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The ``data`` of each server-sent event in a body read as ``chunks`` of bytes (both
+    providers send one line of JSON an event, and name its type inside it, so ``event:``
+    lines are not needed). Split here, on bytes: httpx's text and line decoders cost a
+    streamed call more CPU than the rest of its reading."""
+    rest = b""
+    for chunk in chunks:
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+    if rest.startswith(b"data:"):
+        yield rest[5:].strip()
+
+
+def body_chunks(response: httpx.Response) -> Iterator[bytes]:
+    """A streaming response's body as it arrives: straight from the connection when it is not
+    content-encoded (httpx's decoders and chunker cost each streamed piece CPU for nothing
+    then), else decoded."""
+    if "content-encoding" in response.headers or not isinstance(
+        response.stream, httpx.SyncByteStream
+    ):
+        return response.iter_bytes()
+    return iter(response.stream)
+
+
+def is_event_stream(response: httpx.Response) -> bool:
+    """Whether the server streams the answer: some OpenAI-compatible servers ignore
+    ``stream: true`` and answer with the whole body, which is then read as it is."""
+    return str(response.headers.get("content-type", "")).startswith("text/event-stream")
+
+
+def shut(response: httpx.Response) -> None:
+    """End a streaming response from another thread at once: its socket is shut down, so the
+    read that waits on it returns (closing the response from here could leave it waiting),
+    and the server sees the connection go."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):  # already closed: the read has ended anyway
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def broken_stream(exc: httpx.HTTPError) -> Exception:
+    """A streaming answer that broke off after its head (the SDK maps what comes before): a
+    timeout as the SDKs' own, and the rest as an unreachable provider, both transient."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ModelTransientError("the model provider timed out")
+    return ModelTransientError(f"the model provider's stream broke off: {exc}")

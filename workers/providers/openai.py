@@ -2,29 +2,41 @@
 
 The SDK's own retries are off: Ratchet decides about retries, so it can count them, honour
 ``Retry-After`` and send long waits back through the queue.
+
+A call given ``Deltas`` streams (``stream: true``, with the usage in the last chunk): each
+chunk's text and tool-call argument pieces go to the deltas as they come, and the answer
+put together from them is the same ``ModelResponse`` the whole completion would give.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
 import httpx
 import openai
 
-from shared.errors import ModelPermanentError
+from shared.errors import ModelPermanentError, ModelRateLimited, ModelTransientError
 from shared.settings import get_settings
 from workers.providers import parts, structured
 from workers.providers.base import (
+    Deltas,
     Message,
     ModelRequest,
     ModelResponse,
     Sharded,
     ToolCallRequest,
+    body_chunks,
+    broken_stream,
     classify_error,
+    is_event_stream,
     local_names,
     parse_arguments,
+    shut,
+    sse_data,
     tls_context,
     wire_name,
 )
@@ -129,6 +141,9 @@ class OpenAIProvider:
         if request.output_schema is not None and "response_format" not in options:
             options["response_format"] = structured.response_format(request.output_schema)
         body = {"model": request.model, "messages": to_openai_messages(request.messages)}
+        if request.deltas is not None:
+            completion = self._streamed(body | options, request.deltas)
+            return local_names(parse_completion(completion), request.tools)
         try:
             # The SDK's own HTTP layer (auth, timeouts, error mapping), without the typed
             # request and response models of ``chat.completions.create``: walking a long
@@ -140,6 +155,96 @@ class OpenAIProvider:
         except ValueError as exc:
             raise ModelPermanentError(f"the model provider answered with bad JSON: {exc}") from exc
         return local_names(parse_completion(completion), request.tools)
+
+    def _streamed(self, body: dict[str, Any], deltas: Deltas) -> dict[str, Any]:
+        """The completion, streamed into ``deltas`` as it comes; a stop ends it at once."""
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        try:
+            response = self.client.post(
+                "/chat/completions", cast_to=httpx.Response, body=body, stream=True
+            )
+        except openai.OpenAIError as exc:
+            raise map_error(exc) from exc
+        with contextlib.closing(response), deltas.stopping(lambda: shut(response)):
+            try:
+                if not is_event_stream(response):
+                    whole: dict[str, Any] = json.loads(response.read())
+                    return whole
+                return read_stream(sse_data(body_chunks(response)), deltas)
+            except httpx.HTTPError as exc:
+                raise broken_stream(exc) from exc
+            except ValueError as exc:
+                raise ModelPermanentError(f"the model provider streamed bad JSON: {exc}") from exc
+
+
+def read_stream(events: Iterator[bytes], deltas: Deltas) -> dict[str, Any]:
+    """A streamed completion's chunks (``chat.completion.chunk``, then ``[DONE]``) put back
+    together as the whole completion, each piece handed to ``deltas`` on the way. Tool calls
+    come in pieces by their ``index``: the first names the call's id and function, the rest
+    carry more of its arguments. With ``include_usage`` the usage comes in a last chunk."""
+    text: list[str] = []
+    calls: dict[int, tuple[str, str, list[str]]] = {}
+    usage: Any = None
+    finished = False
+    for data in events:
+        if data == b"[DONE]":
+            # Read on to the body's end: a response left unread costs its connection, and the
+            # next call a new one (a TLS handshake, in production).
+            finished = True
+            continue
+        chunk = json.loads(data)
+        if chunk.get("error"):
+            raise stream_error(chunk["error"])
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            piece = delta.get("content")
+            if piece:
+                text.append(piece)
+                deltas.text(piece)
+            for call in delta.get("tool_calls") or ():
+                _call_piece(call, calls, deltas)
+            finished = finished or bool(choice.get("finish_reason"))
+    if not finished:
+        raise ModelTransientError("the model provider's stream ended before its answer did")
+    message: dict[str, Any] = {"content": "".join(text) if text or not calls else None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": id_, "type": "function", "function": {"name": name, "arguments": "".join(args)}}
+            for id_, name, args in (calls[index] for index in sorted(calls))
+        ]
+    return {"choices": [{"message": message}], "usage": usage}
+
+
+def _call_piece(
+    call: dict[str, Any], calls: dict[int, tuple[str, str, list[str]]], deltas: Deltas
+) -> None:
+    """One chunk's piece of a tool call, added to ``calls`` and handed to ``deltas``."""
+    index = int(call.get("index") or 0)
+    function = call.get("function") or {}
+    arguments = function.get("arguments") or ""
+    known = calls.get(index)
+    if known is None:
+        call_id, name = call.get("id") or "", function.get("name") or ""
+        calls[index] = known = (call_id, name, [])
+        deltas.tool_call(index, call_id=call_id, name=name, arguments=arguments)
+    elif arguments:
+        deltas.tool_call(index, call_id="", name="", arguments=arguments)
+    if arguments:
+        known[2].append(arguments)
+
+
+def stream_error(error: Any) -> Exception:
+    """An error sent in the stream, after its 200 head: a rate limit as a 429 would be, the
+    rest as the provider's server error (transient)."""
+    said = error.get("message") if isinstance(error, dict) else error
+    kind = error.get("type") or error.get("code") if isinstance(error, dict) else None
+    message = f"the model provider's stream ended with an error: {said}"
+    if kind in ("rate_limit_exceeded", "rate_limit_error", "requests", "tokens"):
+        return ModelRateLimited(message)
+    return ModelTransientError(message)
 
 
 def parse_completion(completion: Any) -> ModelResponse:

@@ -32,6 +32,7 @@ from shared.store.step_write import (
 from shared.store.tables import utcnow
 from shared.views import TaskState
 from workers import cancels, heartbeat, model_calls, tokens
+from workers.gatherer import Live
 from workers.providers import ModelRequest, ModelResponse, get_provider
 from workers.providers.base import ToolSchema, answer_cap
 from workers.steps import output, window
@@ -102,6 +103,7 @@ def call_model(ctx: Context) -> Answer:
                 prior_failures=ctx.task.model_failures,
                 failed=failed,
                 still_held=partial(heartbeat.holding, ctx.lease),
+                live=live_view(ctx),
             )
         except cancels.Interrupted:
             span.set_status(StatusCode.ERROR, "cancelled")
@@ -125,6 +127,16 @@ def call_model(ctx: Context) -> Answer:
     window.observe(ctx.task.model, counted=sent.tokens, reported=response.input_tokens)
     latency_ms = int((time.monotonic() - started) * 1000)
     return Answer(checked, latency_ms, started_at, response.input_tokens or sent.tokens)
+
+
+def live_view(ctx: Context) -> Live | None:
+    """The live view of this step's model call, if it streams: the task's ``stream``, else
+    its agent's, else ``RATCHET_STREAM_DEFAULT``."""
+    chosen = ctx.task.stream if ctx.task.stream is not None else ctx.agent.stream
+    if not (get_settings().stream_default if chosen is None else chosen):
+        return None
+    lease = ctx.lease
+    return Live(lease.task_id, lease.step, lease.epoch, after=ctx.task.last_event_seq)
 
 
 def fitted_prompt(ctx: Context, tools: list[ToolSchema]) -> Prompt:

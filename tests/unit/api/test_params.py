@@ -19,6 +19,7 @@ from api.params import (
     cursor_after,
     decode_cursor,
     encode_cursor,
+    event_position,
     event_start,
     parse_seq,
 )
@@ -130,3 +131,27 @@ def test_a_stream_start_out_of_range_is_refused_naming_its_source(
     with pytest.raises(InvalidRequest) as refused:
         event_start(after, last_event_id)
     assert refused.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("after", "last_event_id", "position"),
+    [
+        (None, None, (0, 0)),
+        (None, "42", (42, 0)),
+        (None, " 42.1732752000123000 ", (42, 1732752000123000)),  # a live delta's id
+        (7, "42.5", (7, 0)),  # ?after= wins over the header
+    ],
+)
+def test_a_stream_resumes_after_a_committed_event_or_a_live_delta(
+    after: int | None, last_event_id: str | None, position: tuple[int, int]
+) -> None:
+    assert event_position(after, last_event_id) == position
+
+
+@pytest.mark.parametrize(
+    "last_event_id", ["1.", "1.x", "x.1", "1.2.3", f"{MAX_SEQ + 1}.1", "1." + "9" * 25]
+)
+def test_a_delta_id_this_stream_never_sent_is_refused(last_event_id: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        event_position(None, last_event_id)
+    assert refused.value.field == "Last-Event-ID"

@@ -1,4 +1,6 @@
-"""Live token streaming: whether a task's model calls stream.
+"""Live token streaming: whether a task's model calls stream (the submission's ``stream``;
+null: its agent's choice, else the server's default). The deltas themselves never reach the
+database.
 
 Revision ID: 0017
 Revises: 0016
@@ -7,6 +9,9 @@ Create Date: 2026-11-27 21:30:00
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
+from alembic import op
+
 revision: str = "0017"
 down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
@@ -14,8 +19,10 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    pass
+    with op.batch_alter_table("tasks", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("stream", sa.Boolean(), nullable=True))
 
 
 def downgrade() -> None:
-    pass
+    with op.batch_alter_table("tasks", schema=None) as batch_op:
+        batch_op.drop_column("stream")
