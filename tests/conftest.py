@@ -32,7 +32,12 @@ from tests.webhook_sends import finish_webhook_sends
 ADMIN_URL = os.environ.get(
     "RATCHET_TEST_ADMIN_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
-REDIS_URL = os.environ.get("RATCHET_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# Each of the suite's parallel runners (pytest-xdist: gw0, gw1, …) has a Redis database of its
+# own, counting down from 15: the rate limiter's buckets are named by model and tenant, and
+# two tests limiting one model at once must not share a bucket. (Its channels are one
+# namespace across databases, but every one of them is named by a task or a queue.)
+XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+REDIS_URL = os.environ.get("RATCHET_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - XDIST_WORKER}")
 RUN_ID = uuid.uuid4().hex[:8]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
