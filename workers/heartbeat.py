@@ -136,6 +136,11 @@ def let_go() -> None:
 def _run() -> None:
     while True:
         time.sleep(TICK_SECONDS)
-        due = _due()
-        if due and not _letting_go.is_set():
-            extend(due)
+        try:
+            due = _due()
+            if due and not _letting_go.is_set():
+                extend(due)
+        except Exception:
+            # The process's one heartbeat must outlive any one tick: a thread that died here
+            # would let every lease of the process run out.
+            log.exception("a heartbeat tick failed; the next one tries again")
