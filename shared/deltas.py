@@ -23,8 +23,11 @@ readers drop what they hold of that step before the new deltas.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
+
+log = logging.getLogger("ratchet.deltas")
 
 MESSAGE_DELTA = "message.delta"
 MESSAGE_DISCARDED = "message.discarded"
@@ -152,3 +155,17 @@ def read_deltas(task_id: str, cursor: Cursor, *, limit: int = READ_BATCH) -> lis
     from shared.transport import get_transport  # the transport imports this module's types
 
     return get_transport().read_deltas(task_id, after=cursor.pos, limit=limit)
+
+
+def read_live(task_id: str, cursor: Cursor) -> tuple[list[Delta], bool]:
+    """The delta log after the cursor, and whether more may be waiting. Nothing when the
+    transport does not answer: a reader loses the live view for a while, never the committed
+    events."""
+    from shared.transport import TransportUnavailable
+
+    try:
+        read = read_deltas(task_id, cursor)
+    except TransportUnavailable:
+        log.debug("live deltas unavailable for task %s", task_id, exc_info=True)
+        return [], False
+    return read, len(read) == READ_BATCH

@@ -34,12 +34,11 @@ from api.event_hub import hub
 from api.params import event_position
 from api.problems import DATABASE_RETRY_AFTER_SECONDS, DATABASE_UNAVAILABLE, responses
 from api.stream_limits import StreamReader
-from shared.deltas import LIVE_EVENT_TYPES, READ_BATCH, Cursor, Delta, read_deltas
+from shared.deltas import LIVE_EVENT_TYPES, Cursor, Delta, read_live
 from shared.store import tasks
 from shared.store.db import get_sessionmaker
 from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, last_event, list_events
 from shared.store.tenants import APPROVE
-from shared.transport import TransportUnavailable
 
 log = logging.getLogger("ratchet.api.events")
 
@@ -91,7 +90,7 @@ async def _stream(
                 )
             # Read after the log: a call's deltas are all in before its answer is committed,
             # and those of the call in progress go before the events that follow it.
-            live, full = await run_in_threadpool(_live, task_id, cursor)
+            live, full = await run_in_threadpool(read_live, task_id, cursor)
             for seq, type_, data in events:
                 send, live = cursor.before_commit(live)
                 for delta in send:
@@ -125,18 +124,6 @@ async def _stream(
 
 def _delta_event(delta: Delta) -> str:
     return f"id: {delta.event_id}\nevent: {delta.event_type}\ndata: {delta.data}\n\n"
-
-
-def _live(task_id: str, cursor: Cursor) -> tuple[list[Delta], bool]:
-    """The delta log after the cursor, and whether more may be waiting. Nothing when the
-    transport does not answer: the live view is lost for a while, the committed events are
-    not."""
-    try:
-        read = read_deltas(task_id, cursor)
-    except TransportUnavailable:
-        log.debug("live deltas unavailable for task %s", task_id, exc_info=True)
-        return [], False
-    return read, len(read) == READ_BATCH
 
 
 def _error_event(slug: str, detail: str) -> str:

@@ -8,10 +8,14 @@ terminal event and a next turn exists, and it never ends on its own (a comment l
 alive while the thread is idle). A turn rolled back is streamed as it happened: its events
 stay in its log.
 
-A turn's events come from one reader (:func:`read_turn`), which a live source of per-task
-events (token deltas) can extend without the stream changing. Wake-ups come from the event
-hub, for the current turn's task and for the thread (a new turn wakes it); Postgres holds
-the events themselves, so a resumed stream sends every event exactly once, in order.
+While a turn's model call streams, its deltas come between its committed events as they do
+on the turn's own stream (``message.delta``, ``message.discarded``; ``shared.deltas``), with
+ids ``<turn>:<seq>.<pos>``: ``Last-Event-ID`` resumes mid-call there too.
+
+A turn's committed events come from one reader (:func:`read_turn`), its deltas from the
+transport. Wake-ups come from the event hub, for the current turn's task (its events and its
+deltas) and for the thread (a new turn wakes it); Postgres holds the events themselves, so a
+resumed stream sends every event exactly once, in order.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
-from api.event_hub import hub
+from api.event_hub import LiveWatch, hub
 from api.params import parse_seq
 from api.problems import DATABASE_RETRY_AFTER_SECONDS, DATABASE_UNAVAILABLE, responses
 from api.stream_limits import StreamReader
+from shared.deltas import Cursor, Delta, event_id, parse_event_id, read_live
 from shared.errors import InvalidRequest, NotFound
 from shared.store import threads
 from shared.store.db import get_sessionmaker
@@ -48,24 +53,31 @@ BATCH = 500
 
 @dataclass(frozen=True)
 class Position:
-    """Where the stream is: after event ``seq`` of turn ``turn`` (seq 0: before its first)."""
+    """Where the stream is: after event ``seq`` of turn ``turn`` (seq 0: before its first),
+    and, mid-call, after the delta ``pos`` of that turn's delta log."""
 
     turn: int
     seq: int
+    pos: int = 0
 
     @property
     def id(self) -> str:
-        return f"{self.turn}:{self.seq}"
+        return f"{self.turn}:{event_id(self.seq, self.pos) if self.pos else self.seq}"
 
 
 def parse_position(event_id: str | None, *, field: str = "Last-Event-ID") -> Position:
-    """``<turn>:<seq>`` as this stream sends it; none: from the thread's first turn."""
+    """``<turn>:<seq>`` or ``<turn>:<seq>.<pos>`` as this stream sends them; none: from the
+    thread's first turn."""
     if event_id is None or not event_id.strip():
         return Position(1, 0)
     turn, colon, seq = event_id.strip().partition(":")
     if not colon:
         raise InvalidRequest(field, "must be <turn>:<seq>, an id this stream sent")
-    return Position(parse_seq(turn, field=field) or 1, parse_seq(seq, field=field))
+    try:
+        at, pos = parse_event_id(seq)
+    except ValueError:
+        raise InvalidRequest(field, "must be <turn>:<seq>, an id this stream sent") from None
+    return Position(parse_seq(turn, field=field) or 1, at, pos)
 
 
 @dataclass(frozen=True)
@@ -107,52 +119,95 @@ def read_turn(tenant_id: str, thread_id: str, at: Position, *, approval_links: b
 async def _stream(
     request: Request, tenant_id: str, thread_id: str, start: Position, *, approval_links: bool
 ) -> AsyncIterator[str]:
-    at, quiet_since = start, time.monotonic()
+    turn, cursor = start.turn, Cursor.resuming(start.seq, start.pos)
+    quiet_since = time.monotonic()
     async with hub.watch(thread_id) as new_turn, contextlib.AsyncExitStack() as watching:
         watched: str | None = None
-        changed = asyncio.Event()  # the current turn's wake-ups, once it is watched
+        woken = LiveWatch()  # the current turn's wake-ups, once its task is watched
+        read = TurnRead(None, [], None, later=False)
+        look = True  # read the turn's log: something was committed there (or may have been)
         while not hub.closing:
             new_turn.clear()
-            changed.clear()
-            read = await run_in_threadpool(
-                read_turn, tenant_id, thread_id, at, approval_links=approval_links
-            )
-            if read.task_id is not None and read.task_id != watched:
-                # Watch the turn's task from now on, then read again: no wake-up between the
-                # read and the watch is missed.
-                await watching.aclose()
-                changed = await watching.enter_async_context(hub.watch(read.task_id))
-                watched = read.task_id
-                continue
-            for seq, type_, data in read.events:
-                at = Position(at.turn, seq)
-                yield f"id: {at.id}\nevent: {type_}\ndata: {data}\n\n"
+            woken.changed.clear()
+            events: list[tuple[int, str, str]] = []
+            if look or woken.committed:
+                look = woken.committed = False
+                read = await run_in_threadpool(
+                    read_turn,
+                    tenant_id,
+                    thread_id,
+                    Position(turn, cursor.seq),
+                    approval_links=approval_links,
+                )
+                if read.task_id is not None and read.task_id != watched:
+                    # Watch the turn's task from now on, then read again: no wake-up between
+                    # the read and the watch is missed.
+                    await watching.aclose()
+                    woken = await watching.enter_async_context(hub.watch_live(read.task_id))
+                    watched, look = read.task_id, True
+                    continue
+                events = read.events
+            # Read after the log: a call's deltas are all in before its answer is committed.
+            live: list[Delta] = []
+            full = False
+            if watched is not None:
+                live, full = await run_in_threadpool(read_live, watched, cursor)
+            chunks, live = _interleaved(turn, cursor, events, live)
+            for chunk in chunks:
+                yield chunk
                 quiet_since = time.monotonic()
-            if len(read.events) == BATCH:
-                continue
-            ended = read.task_id is None or (read.ended_at is not None and at.seq >= read.ended_at)
+            if live:
+                look = True  # deltas after a commit this stream has not read
+            if len(events) == BATCH or (live and events) or full:
+                continue  # more events waiting, the commit those deltas follow, or more deltas
+            ended = read.task_id is None or (
+                read.ended_at is not None and cursor.seq >= read.ended_at
+            )
             if read.later and ended:  # on to the next turn: this one's log ended (or is none)
-                at = Position(at.turn + 1, 0)
+                turn, cursor, look = turn + 1, Cursor(0), True
                 continue
             if await request.is_disconnected():
                 return
-            await _wait(changed, new_turn)
+            if not await _wait(woken.changed, new_turn) or new_turn.is_set():
+                look = True  # a new turn, or a wake-up may have been lost: look at the log
             if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
                 yield ": keep-alive\n\n"
                 quiet_since = time.monotonic()
     yield _error_event("shutting-down", "the server is stopping; reconnect with Last-Event-ID")
 
 
-async def _wait(changed: asyncio.Event, new_turn: asyncio.Event) -> None:
-    """Until the current turn has new events or the thread a new turn (or the fallback)."""
+def _interleaved(
+    turn: int, cursor: Cursor, events: list[tuple[int, str, str]], live: list[Delta]
+) -> tuple[list[str], list[Delta]]:
+    """The turn's committed ``events``, each after the last deltas of the call it answers
+    (for a reader that holds part of it), then the deltas of the call in progress; and the
+    deltas that follow a commit not read yet. Moves the cursor."""
+    chunks: list[str] = []
+    for seq, type_, data in events:
+        send, live = cursor.before_commit(live)
+        chunks += [_delta_event(turn, delta) for delta in send]
+        chunks.append(f"id: {turn}:{seq}\nevent: {type_}\ndata: {data}\n\n")
+        cursor.committed(seq)
+    send, live = cursor.take(live)
+    return chunks + [_delta_event(turn, delta) for delta in send], live
+
+
+def _delta_event(turn: int, delta: Delta) -> str:
+    return f"id: {turn}:{delta.event_id}\nevent: {delta.event_type}\ndata: {delta.data}\n\n"
+
+
+async def _wait(changed: asyncio.Event, new_turn: asyncio.Event) -> bool:
+    """Until the current turn has new events or deltas, or the thread a new turn; whether one
+    came (False: the fallback poll's time passed)."""
     waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(new_turn.wait())]
     try:
-        await asyncio.wait(
+        done, _ = await asyncio.wait(
             waits, timeout=FALLBACK_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED
         )
     finally:
         for waiting in waits:
             waiting.cancel()
+    return bool(done)
 
 
 def _error_event(slug: str, detail: str) -> str:
@@ -198,7 +253,8 @@ def _first_turn(tenant_id: str, thread_id: str) -> int:
         **responses(
             {
                 404: "no such thread (another tenant's thread is not found either)",
-                422: "``Last-Event-ID`` is not an id this stream sent (``<turn>:<seq>``)",
+                422: "``Last-Event-ID`` is not an id this stream sent (``<turn>:<seq>``, or "
+                "``<turn>:<seq>.<pos>`` for a delta)",
                 429: "the tenant holds its most streams and long polls",
                 503: "the database is unavailable, or the server holds its most streams",
             }
@@ -211,15 +267,16 @@ async def stream_thread_events(
     request: Request,
     after: Annotated[
         str | None,
-        Query(max_length=30, description="replay events after this id (``<turn>:<seq>``)"),
+        Query(max_length=50, description="replay events after this id (``<turn>:<seq>``)"),
     ] = None,
     last_event_id: Annotated[
         str | None,
-        Header(max_length=30, description="resume after this id (``?after=`` wins over it)"),
+        Header(max_length=50, description="resume after this id (``?after=`` wins over it)"),
     ] = None,
 ) -> StreamingResponse:
     """Server-sent events of every turn, each ``id: <turn>:<seq>``, ``event: <type>``,
-    ``data: <json>`` (as the turn's own stream sends them). Needs the ``tasks:read`` scope."""
+    ``data: <json>`` (as the turn's own stream sends them), and while a model call streams its
+    ``message.delta`` events, ids ``<turn>:<seq>.<pos>``. Needs the ``tasks:read`` scope."""
     if after is not None:
         start = parse_position(after, field="after")
     else:

@@ -81,14 +81,14 @@ def read(
     *,
     last_event_id: str | None = None,
     until: Callable[[list[Seen]], bool] = lambda seen: False,
+    path: str = "/v1/tasks/{}/events",
 ) -> list[Seen]:
-    """The task's SSE events as they come, to the stream's end or until ``until(seen)``."""
+    """The task's SSE events as they come (or those of ``path``, a thread's), to the stream's
+    end or until ``until(seen)``."""
     headers = dict(tenant.headers) | ({"Last-Event-ID": last_event_id} if last_event_id else {})
     seen: list[Seen] = []
     fields: dict[str, str] = {}
-    with httpx.stream(
-        "GET", f"{url}/v1/tasks/{task_id}/events", headers=headers, timeout=60
-    ) as response:
+    with httpx.stream("GET", url + path.format(task_id), headers=headers, timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line:
@@ -143,6 +143,43 @@ def test_deltas_reach_the_reader_before_the_commit_and_concatenate_to_the_answer
     assert request.body["stream"] is True
     assert request.body["stream_options"] == {"include_usage": True}
     assert response.data["usage"]["input_tokens"] == 20  # the usage of the stream's last chunk
+
+
+def test_a_threads_stream_carries_its_turns_deltas_and_resumes_mid_call(
+    live_url: str, tenant: TenantHandle, fake: OpenAIServer, drive: Callable[..., str]
+) -> None:
+    fake.reply(answer(ANSWER, chunks=50, seconds=3.0))
+    thread = httpx.post(f"{live_url}/v1/threads", json={}, headers=tenant.headers).json()
+    turn = httpx.post(
+        f"{live_url}/v1/threads/{thread['id']}/runs",
+        json={"input": "Say a hundred words.", "model": MODEL},
+        headers=tenant.headers,
+    )
+    assert turn.status_code == 202, turn.text
+    path = "/v1/threads/{}/events"
+
+    def answered(seen: list[Seen]) -> bool:
+        return any(e.type == "step.model_response" for e in seen)
+
+    with driven_later(drive, turn.json()["id"]):
+        before = read(
+            live_url, tenant, thread["id"], path=path, until=lambda seen: len(deltas(seen)) >= 5
+        )
+        after = read(
+            live_url, tenant, thread["id"], path=path, last_event_id=before[-1].id, until=answered
+        )
+
+    ids = [e.id for e in before + after]
+    assert len(ids) == len(set(ids))  # nothing twice
+    assert all(i.startswith("1:") for i in ids)  # the first turn's
+    assert before[-1].type == "message.delta"
+    assert "." in before[-1].id  # a delta's id: <turn>:<seq>.<pos>
+    assert after[0].type == "message.delta"  # resumed mid-call, with the deltas it missed
+    types = [e.type for e in before + after]
+    assert types.index("step.model_response") > max(
+        i for i, t in enumerate(types) if t == "message.delta"
+    )
+    assert text_of(before + after) == committed_response(after).data["content"] == ANSWER
 
 
 def test_tool_call_arguments_stream_and_concatenate_to_the_committed_call(
