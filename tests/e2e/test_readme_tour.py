@@ -140,6 +140,8 @@ def test_readme_tour_runs_word_for_word(dev_server: DevServer) -> None:
     assert '"status": "succeeded"' in done.stdout, report
     assert "The answer is 42." in done.stdout, report
     assert "application/problem+json" in done.stdout, report
+    assert "What is my name?" in done.stdout, report  # the thread's second turn, read back
+    assert "event: message.delta" in done.stdout, report  # the answer, as it was written
 
 
 def _same_default(documented: str, default: object) -> bool:
