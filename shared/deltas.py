@@ -157,14 +157,14 @@ def read_deltas(task_id: str, cursor: Cursor, *, limit: int = READ_BATCH) -> lis
     return get_transport().read_deltas(task_id, after=cursor.pos, limit=limit)
 
 
-def read_live(task_id: str, cursor: Cursor) -> tuple[list[Delta], bool]:
-    """The delta log after the cursor, and whether more may be waiting. Nothing when the
-    transport does not answer: a reader loses the live view for a while, never the committed
-    events."""
-    from shared.transport import TransportUnavailable
+async def aread_live(task_id: str, cursor: Cursor) -> tuple[list[Delta], bool]:
+    """The delta log after the cursor, read on the running event loop, and whether more may
+    be waiting. Nothing when the transport does not answer: a reader loses the live view for
+    a while, never the committed events."""
+    from shared.transport import TransportUnavailable, get_transport
 
     try:
-        read = read_deltas(task_id, cursor)
+        read = await get_transport().aread_deltas(task_id, after=cursor.pos, limit=READ_BATCH)
     except TransportUnavailable:
         log.debug("live deltas unavailable for task %s", task_id, exc_info=True)
         return [], False

@@ -34,7 +34,7 @@ from api.event_hub import hub
 from api.params import event_position
 from api.problems import DATABASE_RETRY_AFTER_SECONDS, DATABASE_UNAVAILABLE, responses
 from api.stream_limits import StreamReader
-from shared.deltas import LIVE_EVENT_TYPES, Cursor, Delta, read_live
+from shared.deltas import LIVE_EVENT_TYPES, Cursor, Delta, aread_live
 from shared.store import tasks
 from shared.store.db import get_sessionmaker
 from shared.store.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, last_event, list_events
@@ -90,7 +90,7 @@ async def _stream(
                 )
             # Read after the log: a call's deltas are all in before its answer is committed,
             # and those of the call in progress go before the events that follow it.
-            live, full = await run_in_threadpool(read_live, task_id, cursor)
+            live, full = await aread_live(task_id, cursor)
             for seq, type_, data in events:
                 send, live = cursor.before_commit(live)
                 for delta in send:

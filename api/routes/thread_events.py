@@ -37,7 +37,7 @@ from api.event_hub import LiveWatch, hub
 from api.params import parse_seq
 from api.problems import DATABASE_RETRY_AFTER_SECONDS, DATABASE_UNAVAILABLE, responses
 from api.stream_limits import StreamReader
-from shared.deltas import Cursor, Delta, event_id, parse_event_id, read_live
+from shared.deltas import Cursor, Delta, aread_live, event_id, parse_event_id
 from shared.errors import InvalidRequest, NotFound
 from shared.store import threads
 from shared.store.db import get_sessionmaker
@@ -151,7 +151,7 @@ async def _stream(
             live: list[Delta] = []
             full = False
             if watched is not None:
-                live, full = await run_in_threadpool(read_live, watched, cursor)
+                live, full = await aread_live(watched, cursor)
             chunks, live = _interleaved(turn, cursor, events, live)
             for chunk in chunks:
                 yield chunk

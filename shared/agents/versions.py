@@ -45,7 +45,7 @@ from shared.store import agent_versions
 # What a version holds of an agent and of each of its Python tools. The other fields are
 # left out on purpose: an agent's ``description`` is shown in ``/v1/agents`` but never sent to
 # the model; a tool's ``func``, ``arguments_model`` and ``wants_context`` are its code.
-AGENT_FIELDS = ("system_prompt", "model", "max_steps", "context", "output_schema")
+AGENT_FIELDS = ("system_prompt", "model", "max_steps", "context", "output_schema", "stream")
 TOOL_FIELDS = (
     "description",
     "idempotent",

@@ -135,6 +135,12 @@ class Transport(ABC):
         """The entries of ``task_id``'s delta log after position ``after``, oldest first.
         May raise :class:`TransportUnavailable`."""
 
+    async def aread_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
+        """:meth:`read_deltas` on the running event loop (an API process's streams read
+        each batch of deltas of each call they follow: a thread each time would cost more
+        than the read). As :meth:`read_deltas` where the log is process memory."""
+        return self.read_deltas(task_id, after=after, limit=limit)
+
     # --- the live view, the gate, the limiter, readiness -----------------------------------
 
     @abstractmethod

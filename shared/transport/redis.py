@@ -25,8 +25,10 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
+from typing import Literal
 
 import redis
 import redis.asyncio as aioredis
@@ -71,6 +73,7 @@ BATCH_MAX = 500  # wake-ups in one pipeline, at most
 # Pipelines that may start within any window: a burst goes out at once, a stream gathers.
 PIPELINES_PER_WINDOW = 4
 PIPELINE_WINDOW_SECONDS = 0.02
+LOOP_CONNECTIONS = 16  # an event loop's commands (its streams' reads of deltas), at most
 IN_FLIGHT_SUFFIX = ":in-flight"  # the gate's key and this: its slots taken, not landed
 FORGET_AFTER_SECONDS = 600  # a process silent this long leaves the live view's index too
 
@@ -408,6 +411,18 @@ class RedisPresence:
             return self.client.get(self.sweep_key)  # type: ignore[return-value]
 
 
+def _deltas(entries: Sequence[tuple[bytes, dict[bytes, bytes]]]) -> list[Delta]:
+    """A delta log's entries (XRANGE's answer) as readers get them."""
+    found = []
+    for raw_id, fields in entries:
+        step, after_seq, data = int(fields[b"s"]), int(fields[b"a"]), fields[b"d"].decode()
+        kind: Literal["delta", "discarded"] = (
+            "discarded" if fields[b"k"] == b"discarded" else "delta"
+        )
+        found.append(Delta(position(raw_id), kind, step, after_seq, data))
+    return found
+
+
 class RedisTransport(Transport):
     """Redis at ``redis_url`` for wake-ups, cancels, the live view and the limiter; the
     broker at ``broker_url`` (None: a broker other than Redis, which is not looked into) for
@@ -428,6 +443,9 @@ class RedisTransport(Transport):
         self._lock = threading.Lock()
         self._local = threading.Event()  # this process's dispatcher wake-ups, for outages
         self._presences: dict[str, RedisPresence] = {}
+        self._loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def broker_options(self, settings: Settings) -> dict[str, float]:
         return {"visibility_timeout": settings.visibility_timeout_seconds}
@@ -503,14 +521,34 @@ class RedisTransport(Transport):
         start = f"({entry_id(after)}" if after else "-"
         with _unavailable():
             entries = self._client.xrange(DELTAS_PREFIX + task_id, start, "+", count=limit)
-        found = []
-        for raw_id, fields in entries:  # type: ignore[union-attr]
-            step, after_seq, data = int(fields[b"s"]), int(fields[b"a"]), fields[b"d"].decode()
-            if fields[b"k"] == b"discarded":
-                found.append(Delta(position(raw_id), "discarded", step, after_seq, data))
-            else:
-                found.append(Delta(position(raw_id), "delta", step, after_seq, data))
-        return found
+        return _deltas(entries)  # type: ignore[arg-type]
+
+    async def aread_deltas(self, task_id: str, *, after: int, limit: int) -> list[Delta]:
+        start = f"({entry_id(after)}" if after else "-"
+        try:
+            entries = await self._loop_client().xrange(
+                DELTAS_PREFIX + task_id, start, "+", count=limit
+            )
+        except (aioredis.RedisError, OSError) as exc:
+            raise TransportUnavailable(str(exc)) from exc
+        return _deltas(entries)
+
+    def _loop_client(self) -> aioredis.Redis:
+        """The running event loop's client for commands (an asyncio client belongs to its
+        loop): one pool of at most ``LOOP_CONNECTIONS``, however many streams read at once."""
+        loop = asyncio.get_running_loop()
+        client = self._loop_clients.get(loop)
+        if client is None:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.redis_url,
+                max_connections=LOOP_CONNECTIONS,
+                timeout=COMMAND_TIMEOUT_SECONDS,
+                socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                socket_timeout=COMMAND_TIMEOUT_SECONDS,
+                health_check_interval=HEALTH_CHECK_INTERVAL_SECONDS,
+            )
+            client = self._loop_clients[loop] = aioredis.Redis(connection_pool=pool)
+        return client
 
     def follow_cancels(self, cancel: Listener, *, log: logging.Logger) -> None:
         threading.Thread(
