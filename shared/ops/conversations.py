@@ -94,7 +94,7 @@ def transcript(session: Session, scope: str | None, thread_id: str) -> Transcrip
     thread, tenant = found
     turns = _inherited(session, thread) + _own_turns(session, thread.id)
     own = [t.task for t in turns if t.task is not None]
-    running = next((t for t in reversed(own) if t.status not in TERMINAL_STATUSES), None)
+    running = next((t for t in own if t.status not in TERMINAL_STATUSES), None)
     forks = session.scalars(
         select(Thread).where(Thread.forked_from == thread.id).order_by(Thread.id)
     ).all()
