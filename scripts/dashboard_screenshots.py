@@ -3,6 +3,8 @@ run (succeeded, failed, cancelled and running tasks). Uses the system's Chromium
 
     ratchet dev --port 8011 &                       # or any stack
     python scripts/dashboard_screenshots.py http://127.0.0.1:8011 KEY docs/dashboard
+
+A fourth argument, names separated by commas (``thread,task-live``), takes only those.
 """
 
 from __future__ import annotations
@@ -95,7 +97,101 @@ def seed(url: str, key: str) -> str:
     return slow
 
 
-def shoot(url: str, key: str, out: Path) -> None:
+ANSWER = (
+    "Your order 1042 left our warehouse on Tuesday and is with the carrier now. At 42 km "
+    "a day it reaches you in about three days, so expect it on Friday. I have set a reminder "
+    "to check its tracking on Thursday morning and will write to you if anything changes. "
+    "Is there anything else I can help you with today?"
+)
+
+
+def seed_thread(client: httpx.Client) -> str:
+    """A thread of three finished turns (tool calls among them) and a fork of it."""
+    thread = client.post(
+        "/v1/threads", json={"agent": "default", "metadata": {"customer": "42"}}
+    ).json()["id"]
+    turns = [
+        (
+            "Where is my order 1042? It shipped Tuesday.",
+            [
+                {"tool_calls": [{"name": "calculator", "arguments": {"expression": "126/42"}}]},
+                {"content": "It is 126 km away; at 42 km a day it arrives in 3 days."},
+            ],
+        ),
+        ("So Friday?", [{"content": "Yes: Friday, if the carrier keeps its pace."}]),
+        (
+            "And if I pay for express, <b>twice</b> as fast?",
+            [
+                {"tool_calls": [{"name": "calculator", "arguments": {"expression": "3/2"}}]},
+                {"content": "Then 1.5 days: Wednesday evening or Thursday morning."},
+            ],
+        ),
+    ]
+    for message, script in turns:
+        client.post(
+            f"/v1/threads/{thread}/runs",
+            json={
+                "input": message,
+                "model": "scripted",
+                "tools": ["calculator"],
+                "model_options": {"script": script},
+            },
+        ).raise_for_status()
+    _settle(client, thread)
+    client.post(f"/v1/threads/{thread}/fork", json={"turn": 2}).raise_for_status()
+    return str(thread)
+
+
+def _settle(client: httpx.Client, thread: str) -> None:
+    for _ in range(300):
+        if client.get(f"/v1/threads/{thread}").json()["status"] == "idle":
+            return
+        time.sleep(0.1)
+
+
+def streaming(client: httpx.Client) -> str:
+    """A task whose model writes its answer slowly (a minute, spread over its words)."""
+    return str(
+        client.post(
+            "/v1/tasks",
+            json={
+                "input": "When does my order arrive?",
+                "model": "scripted",
+                "model_options": {"script": [{"delay_ms": 60000, "content": ANSWER}]},
+                "metadata": {"customer": "42"},
+            },
+        ).json()["id"]
+    )
+
+
+def shoot_live(url: str, key: str, out: Path, names: set[str]) -> None:
+    """The thread page, and a task page while its answer is being written."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+        thread = seed_thread(client)
+        task = streaming(client) if "task-live" in names else None
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium")
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{url}/dashboard/login")
+        page.fill("#key", key)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{url}/dashboard")
+        if "thread" in names:
+            page.goto(f"{url}/dashboard/threads/{thread}")
+            page.screenshot(path=str(out / "thread.png"), full_page=True)
+        if task is not None:
+            page.goto(f"{url}/dashboard/tasks/{task}")
+            page.locator("[data-partial] pre").filter(has_text="three days").wait_for()
+            page.locator("#conv-h").scroll_into_view_if_needed()
+            page.screenshot(path=str(out / "task-live.png"), full_page=True)
+        browser.close()
+
+
+def shoot(url: str, key: str, out: Path, only: set[str] | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if only is not None:
+        shoot_live(url, key, out, only)
+        return
     running = seed(url, key)
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -119,7 +215,9 @@ def shoot(url: str, key: str, out: Path) -> None:
             page.goto(url + path)
             page.screenshot(path=str(out / f"{name}.png"), full_page=True)
         browser.close()
+    shoot_live(url, key, out, {"thread", "task-live"})
 
 
 if __name__ == "__main__":
-    shoot(sys.argv[1].rstrip("/"), sys.argv[2], Path(sys.argv[3]))
+    only = set(sys.argv[4].split(",")) if len(sys.argv) > 4 else None
+    shoot(sys.argv[1].rstrip("/"), sys.argv[2], Path(sys.argv[3]), only)

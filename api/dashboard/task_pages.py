@@ -1,27 +1,33 @@
 """The task list (filters in the URL, keyset pages, bulk cancel and retry) and the task page
-(steps, conversation, events, webhook deliveries, cancel and retry)."""
+(steps, conversation, events, webhook deliveries, cancel and retry), and the task's event
+stream for a session: the API's stream (``api.routes.events``), its live ``message.delta``
+events included, so the page shows the answer as the model writes it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.dashboard.auth import PATH, CheckedLogin, CurrentLogin
 from api.dashboard.pages import scope_of
 from api.dashboard.render import page
+from api.params import event_position
+from api.routes import events as event_stream
 from api.schemas.content import decoded_size
+from api.stream_limits import limits
 from shared.actions import tasks as task_actions
 from shared.actions import webhooks as webhook_actions
 from shared.actions.effects import after_commit
 from shared.agents.registry import get_registry
+from shared.deltas import Cursor
 from shared.errors import InvalidRequest, NotFound, RatchetError
 from shared.ops import search
 from shared.ops.search import TaskFilter
@@ -255,6 +261,44 @@ async def task_page(request: Request, login: CurrentLogin, task_id: str) -> Resp
     except NotFound as exc:
         return page(request, "error.html", login, status=404, message=str(exc))
     return page(request, "task.html", login, **data)
+
+
+async def stream_slot(login: CurrentLogin) -> AsyncIterator[Login]:
+    """The session, holding one of its tenant's stream slots (as an API key's stream does)
+    until the response has been sent."""
+    with limits.hold(login.principal.tenant_id):
+        yield login
+
+
+def _tenant_of(login: Login, task_id: str) -> str:
+    with get_sessionmaker()() as session, session.begin():
+        return _task_row(session, login, task_id).tenant_id
+
+
+@router.get("/tasks/{task_id}/events")
+async def task_events(
+    request: Request,
+    login: Annotated[Login, Depends(stream_slot)],
+    task_id: str,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=40)] = None,
+) -> Response:
+    """The task's event stream (SSE) for the page's script: the same stream as
+    ``GET /v1/tasks/{id}/events``, read with the session's scope (a tenant admin's own tasks,
+    an operator's any). Approval links are left out: the page has its own decision forms."""
+    seq, pos = event_position(after, last_event_id)
+    try:
+        tenant_id = await run_in_threadpool(_tenant_of, login, task_id)
+    except NotFound as exc:
+        return page(request, "error.html", login, status=404, message=str(exc))
+    stream = event_stream.stream(
+        request, tenant_id, task_id, Cursor.resuming(seq, pos), approval_links=False
+    )
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 def _act(login: Login, task_id: str, action: str) -> str:

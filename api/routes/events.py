@@ -146,6 +146,16 @@ async def _ending_cleanly(stream: AsyncIterator[str]) -> AsyncIterator[str]:
         yield _error_event("database-unavailable", detail)
 
 
+def stream(
+    request: Request, tenant_id: str, task_id: str, cursor: Cursor, *, approval_links: bool
+) -> AsyncIterator[str]:
+    """The task's events after ``cursor`` as SSE lines, replayed then live, ended cleanly; the
+    caller has checked the task is ``tenant_id``'s (the dashboard's stream reads it too)."""
+    return _ending_cleanly(
+        _stream(request, tenant_id, task_id, cursor, approval_links=approval_links)
+    )
+
+
 # One event of the stream (OpenAPI 3.1: a sequential media type's schema describes an item).
 SSE_EVENT = {
     "type": "object",
@@ -228,14 +238,12 @@ async def stream_events(
     seq, pos = event_position(after, last_event_id)
     await run_in_threadpool(_check_exists, principal.tenant_id, task_id)  # 404 before streaming
     return StreamingResponse(
-        _ending_cleanly(
-            _stream(
-                request,
-                principal.tenant_id,
-                task_id,
-                Cursor.resuming(seq, pos),
-                approval_links=principal.allows(APPROVE),
-            )
+        stream(
+            request,
+            principal.tenant_id,
+            task_id,
+            Cursor.resuming(seq, pos),
+            approval_links=principal.allows(APPROVE),
         ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

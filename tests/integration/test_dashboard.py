@@ -341,3 +341,51 @@ def test_the_approvals_queue_shows_waiting_calls_and_decides_them(
     assert task_id not in client.get("/dashboard/approvals").text
     foreign = client.post(url, data={"csrf_token": other_token, "decision": "reject"})
     assert "Not decided" in foreign.text
+
+
+def test_threads_pages_show_a_tenants_own_threads_escaped_and_the_operator_all(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    mine, theirs = make_tenant(("tasks:read", "tasks:write", "admin")), make_tenant(ADMIN)
+    operator = make_tenant(OPERATOR)
+    made = client.post(
+        "/v1/threads", json={"agent": "default", "metadata": {"who": "me"}}, headers=mine.headers
+    )
+    thread_id = made.json()["id"]
+    hostile = "<script>alert(1)</script>"
+    sent = client.post(
+        f"/v1/threads/{thread_id}/runs",
+        json={"input": hostile, "model": "scripted"},
+        headers=mine.headers,
+    )
+    assert sent.status_code == 202, sent.text
+    task_id = sent.json()["id"]
+
+    login(client, mine.key)
+    assert thread_id in client.get("/dashboard/threads?metadata=who:me").text
+    assert thread_id not in client.get("/dashboard/threads?metadata=who:them").text
+    page = client.get(f"/dashboard/threads/{thread_id}").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert hostile not in page
+    assert f'href="/dashboard/tasks/{task_id}"' in page
+    # The queued turn is followed live: the page names its task's event stream.
+    assert f'data-stream="/dashboard/tasks/{task_id}/events"' in page
+    assert client.get("/dashboard/threads?metadata=nocolon").status_code == 200  # said, not 500
+
+    login(client, theirs.key)
+    assert thread_id not in client.get("/dashboard/threads").text
+    assert client.get(f"/dashboard/threads/{thread_id}").status_code == 404
+    assert client.get(f"/dashboard/tasks/{task_id}/events").status_code == 404
+
+    login(client, operator.key)
+    assert thread_id in client.get(f"/dashboard/threads?tenant={mine.name}").text
+    assert client.get(f"/dashboard/threads/{thread_id}").status_code == 200
+
+
+def test_a_tasks_event_stream_needs_a_session(
+    client: TestClient, make_tenant: Callable[..., TenantHandle]
+) -> None:
+    task_id = submit(client, make_tenant(ADMIN))["id"]
+    answer = client.get(f"/dashboard/tasks/{task_id}/events", follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"].startswith("/dashboard/login")
