@@ -127,6 +127,8 @@ def stream(
     env = _capacity_env(queue=queue) | {
         "RATCHET_API_MAX_STREAMS": str(2 * READER_CONNECTIONS),
         "RATCHET_API_MAX_STREAMS_PER_TENANT": str(READER_CONNECTIONS),
+        # Every reader comes from this one address, past the default cap of one client's.
+        "RATCHET_API_MAX_CONNECTIONS_PER_CLIENT": str(2 * READER_CONNECTIONS),
     }
     tenant_id, key = bench_key()
     reading = Reading()
