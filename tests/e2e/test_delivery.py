@@ -135,9 +135,18 @@ def ratchet(*args: str, cwd: Path) -> str:
 
 @dataclass(frozen=True)
 class Event:
-    seq: int
+    id: str  # a committed event's seq, or a live delta's <seq>.<pos>
     type: str
     data: dict[str, Any]
+
+    @property
+    def seq(self) -> int:
+        """The committed event's seq (a delta's: the event it follows)."""
+        return int(self.id.partition(".")[0])
+
+    @property
+    def live(self) -> bool:
+        return self.type.startswith("message.")
 
 
 def sse_events(response: httpx.Response) -> Iterator[Event]:
@@ -146,7 +155,7 @@ def sse_events(response: httpx.Response) -> Iterator[Event]:
     for line in response.iter_lines():
         if not line:
             if fields:
-                yield Event(int(fields["id"]), fields["event"], json.loads(fields["data"]))
+                yield Event(fields["id"], fields["event"], json.loads(fields["data"]))
             fields = {}
         elif not line.startswith(":"):
             name, _, value = line.partition(":")
@@ -174,7 +183,7 @@ def read_in_pieces(
     with httpx.Client(base_url=base_url, headers=headers, timeout=timeout) as http:
         while True:
             connections += 1
-            resume = {"Last-Event-ID": str(events[-1].seq)} if events else {}
+            resume = {"Last-Event-ID": events[-1].id} if events else {}
             with http.stream("GET", f"/v1/tasks/{task_id}/events", headers=resume) as response:
                 assert response.status_code == 200, response.read()
                 stream = sse_events(response)
@@ -193,8 +202,13 @@ def read_in_pieces(
 
 
 def assert_whole_log(read: PiecewiseRead, expected_types: list[str]) -> None:
-    assert [e.type for e in read.events] == expected_types
-    assert [e.seq for e in read.events] == list(range(1, len(expected_types) + 1))
+    """The committed log whole and in order, and no live delta twice (a resume after a delta's
+    id goes on after it)."""
+    committed = [e for e in read.events if not e.live]
+    assert [e.type for e in committed] == expected_types
+    assert [e.seq for e in committed] == list(range(1, len(expected_types) + 1))
+    ids = [e.id for e in read.events]
+    assert len(ids) == len(set(ids))
     assert read.tail_after_terminal == []
     assert read.connections >= len(expected_types) // 2
     assert read.running_at_first_disconnect, "the task ended before the first reconnect"
