@@ -27,7 +27,7 @@ from shared.actions.effects import NONE, Effects, of_task
 from shared.actions.tasks import Submitted, direct
 from shared.agents.registry import get_agent
 from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest, NotFound
-from shared.scheduling import caps
+from shared.scheduling import caps, gate
 from shared.statuses import TERMINAL_STATUSES
 from shared.store import tasks, threads
 from shared.store.db import get_sessionmaker
@@ -69,6 +69,7 @@ def run_turn(
     Idempotency-Key, find the original (as ``tasks.submit``). NotFound for another tenant's
     thread, Conflict for ``reject`` on a busy thread. One transaction: the thread's row is
     locked first, so turns sent at once are numbered and held one after the other."""
+    admitted = False
     with get_sessionmaker()() as session:
         try:
             with session.begin():
@@ -103,6 +104,9 @@ def run_turn(
             if existing is None:
                 raise Conflict("a request with this Idempotency-Key is in progress") from None
             return Submitted(_replay(existing, request_hash), created=False)
+        finally:
+            if admitted:  # the slot it took from the gate: committed, or not at all
+                gate.land_slot()
 
 
 def _make_room(

@@ -165,6 +165,23 @@ def test_slots_taken_before_their_tasks_commit_are_not_offered_again(
         assert [task for task, _ in dispatcher.round().admitted] == [waiting]
 
 
+def test_a_direct_task_or_turn_lands_its_slot_once_committed(
+    client: TestClient, tenant: TenantHandle
+) -> None:
+    with leading() as dispatcher:
+        assert dispatcher.round().spare
+        assert admitted_at_insert(submit(client, tenant))
+        assert dispatcher.gate.close() == 0  # nothing in flight: it landed
+        assert dispatcher.round().spare
+        thread = client.post("/v1/threads", json={}, headers=tenant.headers).json()
+        script = {"script": [{"content": "Hello."}]}
+        body = {"input": "Hi.", "model": "scripted", "model_options": script}
+        turn = client.post(f"/v1/threads/{thread['id']}/runs", json=body, headers=tenant.headers)
+        assert turn.status_code == 202, turn.text
+        assert admitted_at_insert(turn.json()["id"])
+        assert dispatcher.gate.close() == 0
+
+
 def test_without_a_leader_or_when_turned_off_every_task_goes_through_the_backlog(
     client: TestClient, tenant: TenantHandle
 ) -> None:
