@@ -11,8 +11,9 @@ A chat is waited on, so two spans matter more than throughput:
 One task at a time, each a one-step task of an OpenAI-compatible model that answers at once
 (a server in this process notes when each request arrived and when its answer went out),
 against the same run's bare Celery task that makes the same call and returns the answer
-through Redis (``benchmarks.servers.celery_call``). Targets (issue 34): to the model ≤ 10 ms
-and to the client ≤ 15 ms, p50.
+through Redis (``benchmarks.servers.celery_call``). With ``--turns`` each is a turn of one
+thread (``POST /v1/threads/{id}/runs``), whose model reads the turns before it. Targets
+(issue 34): to the model ≤ 10 ms and to the client ≤ 15 ms, p50.
 """
 
 from __future__ import annotations
@@ -113,15 +114,21 @@ def _ratchet(env: dict[str, str], *, concurrency: int) -> Iterator[str]:
         yield url
 
 
-def _ratchet_samples(url: str, key: str, model: ModelServer, *, samples: int) -> dict[str, Any]:
+def _ratchet_samples(
+    url: str, key: str, model: ModelServer, *, samples: int, turns: bool
+) -> dict[str, Any]:
     to_model: list[float] = []
     to_client: list[float] = []
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        path = "/v1/tasks"
+        if turns:  # each sample a turn of one thread, which reads the turns before it
+            thread = http.post("/v1/threads", json={"metadata": {"bench": "latency"}})
+            path = f"/v1/threads/{thread.json()['id']}/runs"
         for number in range(-3, samples):  # three to warm up, not counted
             text = f"latency-{uuid.uuid4().hex}"
             body = {"input": text, "model": "openai:bench", "tools": [], "max_steps": 2}
-            answer = http.post("/v1/tasks", json=body)
+            answer = http.post(path, json=body)
             accepted = time.time()
             answer.raise_for_status()
             task = http.get(f"/v1/tasks/{answer.json()['id']}", params={"wait": 30}).json()
@@ -164,6 +171,7 @@ def latency(
     samples: int = typer.Option(100, help="tasks, one at a time, for each side"),
     concurrency: int = typer.Option(2, help="worker processes (the default worker's)"),
     baseline: bool = typer.Option(True, help="also time the bare Celery task"),
+    turns: bool = typer.Option(False, help="each task a turn of one thread"),
 ) -> None:
     """POST answered → first model request, and model answer → long-polling client's result."""
     tenant_id, key = bench_key()
@@ -177,7 +185,8 @@ def latency(
     try:
         with ExitStack() as stack:
             url = stack.enter_context(_ratchet(env, concurrency=concurrency))
-            results["ratchet"] = _ratchet_samples(url, key, model, samples=samples)
+            results["ratchet"] = _ratchet_samples(url, key, model, samples=samples, turns=turns)
+            results["what"] = "turns of one thread" if turns else "tasks"
         if baseline:
             results["celery"] = _celery_samples(env, model, samples=samples)
             for span in ("to_model_ms", "to_client_ms"):
