@@ -83,7 +83,7 @@ def _read_line() -> str | None:
 
 def say(text: str, *, dim: bool = False, fg: str | None = None, nl: bool = True) -> None:
     """Print now (never buffered); styles only reach a terminal (click strips them)."""
-    typer.echo(typer.style(text, dim=dim, fg=fg), nl=nl)
+    typer.echo(typer.style(text, dim=dim or None, fg=fg) if dim or fg else text, nl=nl)
     sys.stdout.flush()
 
 
