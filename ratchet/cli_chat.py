@@ -49,12 +49,10 @@ def chat(
         options |= {"model": model or "scripted", "model_options": {"script": read_script(script)}}
     _line_editing()
     with api_client() as client:
-        if thread:
-            opened = client.get_thread(thread)
-            _show_history(client, opened)
-        else:
-            opened = client.create_thread(agent=agent)
+        opened = client.get_thread(thread) if thread else client.create_thread(agent=agent)
         say(f"thread {opened['id']} ({opened['agent']}); /exit or Ctrl-D to quit", dim=True)
+        if thread:
+            _show_history(client, opened)
         try:
             while (line := _read_line()) is not None:
                 if line:

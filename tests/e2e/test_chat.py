@@ -81,7 +81,10 @@ def answer(text: str, delay_ms: int = 0) -> dict[str, Any]:
 # --- the Python client -------------------------------------------------------------------------
 
 
-def test_the_client_runs_turns_and_reads_forks_lists_and_deletes_threads(client: Client) -> None:
+def test_the_client_runs_turns_and_reads_forks_lists_and_deletes_threads(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ratchet.client.MESSAGES_PAGE", 1)  # messages() reads every page
     thread = client.create_thread(agent="default", metadata={"customer": "42"})
     other = client.create_thread(metadata={"customer": "7"})
     first = client.run(thread["id"], "What is 6*7?", **answer("42"))
@@ -260,7 +263,9 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
     assert "\x1b[" in chat.output  # styled, on a terminal
 
     resumed = terminal("--thread", thread_id, "--agent", "ops", "--script", str(script))
-    for line in ("you> send alice 900", "tool wire_money", "wire_money succeeded", WORDS, "ops)"):
+    for line in (f"thread {thread_id} (ops)", "you> send alice 900", "tool wire_money"):
+        resumed.wait_for(line)
+    for line in ("wire_money succeeded", f"agent> {WORDS}"):
         resumed.wait_for(line)
     resumed.wait_for("you> ")
     resumed.type("again\n")
