@@ -270,14 +270,29 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
     resumed.wait_for("you> ")
     resumed.type("again\n")
     resumed.wait_for("[a]pprove, [r]eject or [e]dit? ")
+    resumed.type("e\n")
+    resumed.wait_for("arguments (JSON, were ")
+    resumed.type("bob\n")  # not JSON: said so, and asked again
+    resumed.wait_for("--edit is not JSON")
+    resumed.wait_for("[a]pprove, [r]eject or [e]dit? ")
+    resumed.type('e\n{"to": "bob", "amount": 5}\n')
+    resumed.wait_for("wire_money edited by key:")
+    resumed.wait_for("wire_money succeeded: wired 5 to bob")
+    resumed.wait_for(f"agent> {WORDS}")
+    resumed.wait_for("you> ")
+    resumed.type("once more\n")
+    resumed.wait_for("[a]pprove, [r]eject or [e]dit? ")
     resumed.proc.send_signal(signal.SIGINT)  # Ctrl-C while the turn waits: it is cancelled
-    resumed.wait_for("(turn 2 cancelled")
+    # A signal that lands just before the prompt blocks is only seen once a key is read (a
+    # person would not be that quick); Enter makes sure, wherever it lands.
+    resumed.type("\n")
+    resumed.wait_for("(turn 3 cancelled")
     resumed.wait_for("you> ")
     resumed.type("\x04")  # Ctrl-D
     resumed.wait_for(f"ratchet chat --thread {thread_id}")
     assert resumed.close() == 0
     latest = client.get_thread(thread_id)["latest_turn"]
-    assert latest["turn"] == 2
+    assert latest["turn"] == 3
     assert client.wait(latest["id"], timeout=60)["status"] == "cancelled"
 
     piped = subprocess.run(
@@ -293,4 +308,5 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
     assert piped.returncode == 0, piped.stderr
     assert f"agent> {WORDS}" in piped.stdout
     assert "you> again" in piped.stdout
+    assert "wire_money succeeded: wired 5 to bob" in piped.stdout
     assert "\x1b" not in piped.stdout  # not a terminal: plain text
