@@ -185,11 +185,11 @@ def _follow(client: Client, task_id: str) -> None:
     the decisions it waits for, until it ends."""
     answer = Answer()
     for event in client.events(task_id, deltas=True):
-        _show_event(client, event, answer)
+        show_event(client, event, answer)
     answer.end_line()
 
 
-def _show_event(client: Client, event: Event, answer: Answer) -> None:
+def show_event(client: Client, event: Event, answer: Answer) -> None:
     data = event.data
     step = int(data.get("step") or 0)
     if event.type == "message.delta" and data.get("text"):
