@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ratchet import cli_admin, cli_client, cli_schedules, cli_webhooks
+from ratchet import cli_admin, cli_chat, cli_client, cli_schedules, cli_webhooks
 from ratchet.console import err
 
 
@@ -307,6 +307,7 @@ def migrate() -> None:
 app.command()(cli_client.tail)
 app.command()(cli_client.submit)
 app.command()(cli_client.approve)
+app.command()(cli_chat.chat)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -11,7 +11,9 @@
 last event seen; if streaming keeps failing it falls back to long-polling. Receivers of
 webhooks check them with :func:`verify_webhook` (or the ``standardwebhooks`` package). A
 tool call that waits for a person is decided with ``approve`` (or ``edit``, ``reject``); a
-tenant's schedules are made with ``create_schedule``.
+tenant's schedules are made with ``create_schedule``. A conversation is a thread: ``run`` sends
+it a turn, ``thread_events`` follows all of its turns, and ``stream_text`` shows a turn's
+answer as the model writes it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,17 @@ import httpx
 from shared.statuses import TERMINAL_STATUSES, Decision
 from shared.webhooks.signing import WebhookVerificationError, verify
 
-__all__ = ["Client", "Event", "RatchetAPIError", "WebhookVerificationError", "verify_webhook"]
+__all__ = [
+    "Client",
+    "Event",
+    "RatchetAPIError",
+    "TextPiece",
+    "WebhookVerificationError",
+    "verify_webhook",
+]
 SCHEDULES_PAGE = 100  # schedules asked for at a time (the API's most)
+MESSAGES_PAGE = 200  # a thread's messages asked for at a time (the API's most)
+LIVE_TYPES = ("message.delta", "message.discarded")
 
 
 class RatchetAPIError(Exception):
@@ -43,9 +54,29 @@ class RatchetAPIError(Exception):
 
 @dataclass(frozen=True)
 class Event:
+    """One event of a stream. ``id`` is as the server sent it: a seq (``"12"``), a live
+    delta's ``"12.3"`` (after event 12), or on a thread's stream ``"<turn>:<seq>"``; ``seq``
+    is the event's seq in its task's log (for a delta, the seq it follows)."""
+
     seq: int
     type: str
     data: dict[str, Any]
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """A piece of a task's answer, from :meth:`Client.stream_text`.
+
+    ``text`` continues step ``step``'s answer; with ``discard`` the step's text so far is
+    void (its call is asked again) and the new text follows; with ``committed`` it is the
+    step's whole answer as committed, which stands for every piece of that step before it.
+    """
+
+    step: int
+    text: str
+    discard: bool = False
+    committed: bool = False
 
 
 def verify_webhook(
@@ -223,21 +254,50 @@ class Client:
             if not cursor:
                 return items
 
-    def events(self, task_id: str, *, after: int = 0, max_reconnects: int = 10) -> Iterator[Event]:
-        """The task's events, from ``after`` on, until the one that ends it.
+    def events(
+        self,
+        task_id: str,
+        *,
+        after: int | str = 0,
+        deltas: bool = False,
+        max_reconnects: int = 10,
+    ) -> Iterator[Event]:
+        """The task's events, after the event id ``after`` (a seq, or a delta's ``"12.3"``),
+        until the one that ends it.
 
         A dropped stream is resumed with ``Last-Event-ID``: every event comes exactly once.
-        Only the committed events: a streaming model call's live ``message.delta`` events
-        (whose ids are not seqs) are passed over.
+        Only the committed events, unless ``deltas``: then a streaming model call's live
+        ``message.delta`` and ``message.discarded`` events come too, between them.
         """
+        path = f"/v1/tasks/{task_id}/events"
+        for event in self._follow(path, str(after), max_reconnects=max_reconnects):
+            if deltas or event.type not in LIVE_TYPES:
+                yield event
+            # The server ends the stream after the terminal event that is the task's
+            # current state (a failure followed by a retry's events is not the end).
+
+    def stream_text(self, task_id: str, *, after: int | str = 0) -> Iterator[TextPiece]:
+        """The task's answer text as the model writes it, until the task ends: each live
+        piece as it arrives, a ``discard`` piece when a step's call is asked again, and each
+        step's ``committed`` answer once it commits (also when its call did not stream)."""
+        for event in self.events(task_id, after=after, deltas=True):
+            step = event.data.get("step", 0)
+            if event.type == "message.delta" and event.data.get("text"):
+                yield TextPiece(step, event.data["text"])
+            elif event.type == "message.discarded":
+                yield TextPiece(step, "", discard=True)
+            elif event.type == "step.model_response" and event.data.get("content"):
+                yield TextPiece(step, str(event.data["content"]), committed=True)
+
+    def _follow(self, path: str, after: str, *, max_reconnects: int) -> Iterator[Event]:
+        """The stream at ``path`` after event ``after``, resumed after a dropped connection
+        from the last event seen, until the server ends it."""
         last, failures = after, 0
         while True:
             try:
-                for event in self._stream(task_id, last):
-                    last, failures = event.seq, 0
+                for event in self._stream(path, last):
+                    last, failures = event.id, 0
                     yield event
-                # The server ends the stream after the terminal event that is the task's
-                # current state (a failure followed by a retry's events is not the end).
                 return
             except (httpx.TransportError, httpx.RemoteProtocolError):
                 failures += 1
@@ -245,24 +305,18 @@ class Client:
                     raise
                 time.sleep(min(0.1 * 2**failures, 5.0))
 
-    def _stream(self, task_id: str, after: int) -> Iterator[Event]:
-        headers = {"Last-Event-ID": str(after), "Accept": "text/event-stream"}
+    def _stream(self, path: str, after: str) -> Iterator[Event]:
+        headers = {"Last-Event-ID": after, "Accept": "text/event-stream"}
         timeout = httpx.Timeout(30.0, read=60.0)
-        with self._http.stream(
-            "GET", f"/v1/tasks/{task_id}/events", headers=headers, timeout=timeout
-        ) as response:
+        with self._http.stream("GET", path, headers=headers, timeout=timeout) as response:
             if response.status_code >= 400:
                 response.read()
                 self._json(response)
             fields: dict[str, str] = {}
             for line in response.iter_lines():
                 if not line:
-                    if fields.get("id", "").isdigit():
-                        yield Event(
-                            int(fields["id"]),
-                            fields.get("event", ""),
-                            json.loads(fields.get("data", "{}")),
-                        )
+                    if fields.get("id"):
+                        yield _event(fields)
                     fields = {}
                 elif not line.startswith(":"):
                     name, _, value = line.partition(":")
@@ -284,3 +338,97 @@ class Client:
                 return task
             if left <= 0:
                 raise TimeoutError(f"task {task_id} is still {task['status']}")
+
+    def create_thread(
+        self, *, agent: str = "default", metadata: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """A new conversation with ``agent``; returns the Thread."""
+        body = {"agent": agent, "metadata": dict(metadata or {})}
+        return self._json(self._http.post("/v1/threads", json=body))
+
+    def get_thread(self, thread_id: str) -> dict[str, Any]:
+        """The Thread: ``status``, ``turns``, ``metadata``, ``latest_turn``, ``forked_from``."""
+        return self._json(self._http.get(f"/v1/threads/{thread_id}"))
+
+    def list_threads(
+        self,
+        *,
+        agent: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of the tenant's threads, newest first, of ``agent`` and whose metadata
+        holds each of ``metadata``'s keys with that value: ``{"items", "next_cursor"}``."""
+        params: dict[str, Any] = {"limit": limit}
+        params |= {k: v for k, v in (("agent", agent), ("cursor", cursor)) if v}
+        params |= {f"metadata.{key}": value for key, value in (metadata or {}).items()}
+        return self._json(self._http.get("/v1/threads", params=params))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread and its turns (a 409 while a turn is unfinished, or it has
+        forks)."""
+        response = self._http.delete(f"/v1/threads/{thread_id}")
+        if response.status_code >= 400:
+            self._json(response)
+
+    def run(
+        self,
+        thread_id: str,
+        input: Any,
+        *,
+        multitask_strategy: str = "enqueue",
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Send the thread a turn: ``input`` is the new message, ``options`` the rest of a
+        submit body (``model``, ``model_options``, ``tools``, ``budget``, …). While a turn
+        is unfinished ``multitask_strategy`` says what happens: ``enqueue``, ``reject``
+        (RatchetAPIError 409), ``interrupt`` or ``rollback``. Returns the turn's Task."""
+        body = {"input": input, "multitask_strategy": multitask_strategy, **options}
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        path = f"/v1/threads/{thread_id}/runs"
+        return self._json(self._http.post(path, json=body, headers=headers))
+
+    def messages(self, thread_id: str) -> list[dict[str, Any]]:
+        """The thread's conversation as its next turn reads it, oldest first (all pages)."""
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = {"limit": MESSAGES_PAGE} | ({"cursor": cursor} if cursor else {})
+            page = self._json(self._http.get(f"/v1/threads/{thread_id}/messages", params=params))
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return items
+
+    def fork_thread(
+        self, thread_id: str, turn: int, *, metadata: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """A new thread whose history is the thread's turns 1..``turn``; returns it."""
+        body: dict[str, Any] = {"turn": turn}
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        return self._json(self._http.post(f"/v1/threads/{thread_id}/fork", json=body))
+
+    def thread_events(
+        self, thread_id: str, *, after: str | None = None, max_reconnects: int = 10
+    ) -> Iterator[Event]:
+        """Every turn's events, turn after turn, after the event id ``after``
+        (``"<turn>:<seq>"``; none: from the first turn). The stream never ends on its own:
+        stop iterating when done. A dropped stream is resumed with ``Last-Event-ID``, so
+        every event comes exactly once."""
+        path = f"/v1/threads/{thread_id}/events"
+        return self._follow(path, after or "", max_reconnects=max_reconnects)
+
+
+def _event(fields: Mapping[str, str]) -> Event:
+    """An SSE event from its fields; its seq from the id: ``12``, ``12.3``, ``2:12``."""
+    event_id = fields["id"]
+    seq = event_id.rpartition(":")[2].partition(".")[0]
+    return Event(
+        int(seq) if seq.isdigit() else 0,
+        fields.get("event", ""),
+        json.loads(fields.get("data", "{}")),
+        event_id,
+    )

@@ -1,0 +1,312 @@
+"""The Python client's threads and live answer text, and ``ratchet chat`` in a pseudo-terminal,
+against one running API and worker shared by the module's tests (none of them stops a process).
+
+``ratchet chat`` is run as a person would: a real process whose stdin and stdout are a pty.
+Its answer must show while the model is still writing it (the scripted model spreads its
+``delay_ms`` over its words): the first words are on the terminal before the turn's task has
+finished, and before its last word."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratchet.client import Client, RatchetAPIError, TextPiece
+from tests.conftest import TenantHandle
+from tests.e2e.conftest import LOG_TAIL_LINES, REPORTS, ROOT, Stack
+from tests.helpers import scripted_task, tool_turn
+
+WORDS = "The transfer went through and the money is on its way to alice before the end of today"
+SCRIPT = [tool_turn("wire_money", to="alice", amount=900), {"content": WORDS, "delay_ms": 2000}]
+# ``python -m ratchet`` with Ctrl-C as at a terminal, even when this run ignores SIGINT (as a
+# shell's background job does, and its children with it).
+AT_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'ratchet'; runpy.run_module('ratchet', run_name='__main__')"
+)
+RESUME = re.compile(r"ratchet chat --thread (\S+)")
+
+
+@pytest.fixture(scope="module")
+def module_stack(
+    service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    env = {
+        **os.environ,
+        **service_env,
+        "RATCHET_QUEUE_NAME": f"{service_env['RATCHET_QUEUE_NAME']}-chat",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    started = Stack(env=env, log_dir=tmp_path_factory.mktemp("chat"), concurrency=1)
+    try:
+        started.start(workers=1)
+        yield started
+    finally:
+        started.close()
+
+
+@pytest.fixture
+def fleet(module_stack: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    yield module_stack
+    if any(r.failed for r in request.node.stash.get(REPORTS, {}).values()):
+        print(module_stack.logs(tail=LOG_TAIL_LINES))
+
+
+@pytest.fixture
+def client(fleet: Stack, tenant: TenantHandle) -> Iterator[Client]:
+    with Client(fleet.url, tenant.key) as opened:
+        yield opened
+
+
+def answer(text: str, delay_ms: int = 0) -> dict[str, Any]:
+    return {
+        "model": "scripted",
+        "model_options": {"script": [{"content": text, "delay_ms": delay_ms}]},
+    }
+
+
+# --- the Python client -------------------------------------------------------------------------
+
+
+def test_the_client_runs_turns_and_reads_forks_lists_and_deletes_threads(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ratchet.client.MESSAGES_PAGE", 1)  # messages() reads every page
+    thread = client.create_thread(agent="default", metadata={"customer": "42"})
+    other = client.create_thread(metadata={"customer": "7"})
+    first = client.run(thread["id"], "What is 6*7?", **answer("42"))
+    assert first["turn"] == 1
+    assert client.wait(first["id"], timeout=60)["status"] == "succeeded"
+    second = client.run(thread["id"], "And times 2?", multitask_strategy="reject", **answer("84"))
+    client.wait(second["id"], timeout=60)
+
+    assert [(m["turn"], m["role"], m["content"]) for m in client.messages(thread["id"])] == [
+        (1, "user", "What is 6*7?"),
+        (1, "assistant", "42"),
+        (2, "user", "And times 2?"),
+        (2, "assistant", "84"),
+    ]
+    assert client.get_thread(thread["id"])["turns"] == 2
+    listed = client.list_threads(metadata={"customer": "42"})["items"]
+    assert [t["id"] for t in listed] == [thread["id"]]
+    fork = client.fork_thread(thread["id"], 1, metadata={"customer": "7"})
+    assert fork["forked_from"] == {"thread_id": thread["id"], "turn": 1}
+    assert {t["id"] for t in client.list_threads(metadata={"customer": "7"})["items"]} == {
+        fork["id"],
+        other["id"],
+    }
+    assert [m["content"] for m in client.messages(fork["id"])] == ["What is 6*7?", "42"]
+
+    with pytest.raises(RatchetAPIError) as held:  # the fork reads its history from it
+        client.delete_thread(thread["id"])
+    assert held.value.status == 409
+    client.delete_thread(fork["id"])
+    client.delete_thread(thread["id"])
+    with pytest.raises(RatchetAPIError) as gone:
+        client.get_thread(thread["id"])
+    assert gone.value.status == 404
+
+
+def test_thread_events_resume_after_any_id_without_repeating_one(client: Client) -> None:
+    thread = client.create_thread()
+    for text in ("one", "two"):
+        client.wait(client.run(thread["id"], text, **answer(text))["id"], timeout=60)
+
+    everything = until_turn_ends(client.thread_events(thread["id"]), turn=2)
+    ids = [e.id for e in everything]
+    assert ids[0] == "1:1"
+    assert len(set(ids)) == len(ids)
+    middle = len(ids) // 2
+    rest = until_turn_ends(client.thread_events(thread["id"], after=ids[middle]), turn=2)
+    assert [e.id for e in rest] == ids[middle + 1 :]
+
+
+def until_turn_ends(events: Iterator[Any], *, turn: int) -> list[Any]:
+    """The thread stream's events up to the end of ``turn`` (the stream itself never ends)."""
+    seen = []
+    for event in events:
+        seen.append(event)
+        if event.id.startswith(f"{turn}:") and event.type == "task.succeeded":
+            return seen
+    raise AssertionError("the thread's stream ended")
+
+
+def test_live_deltas_come_before_the_commit_and_stream_text_resumes_after_one(
+    client: Client,
+) -> None:
+    text = " ".join(f"word{i}" for i in range(30))
+    task = client.submit(scripted_task([{"content": text, "delay_ms": 1500}]))
+
+    everything = list(client.events(task["id"], deltas=True))  # read while it is written
+
+    kinds = [e.type for e in everything]
+    deltas = [e for e in everything if e.type == "message.delta"]
+    assert len(deltas) > 1
+    assert "".join(e.data["text"] for e in deltas) == text
+    assert kinds.index("step.model_response") > kinds.index("message.delta")
+    assert "message.discarded" not in kinds
+    first = deltas[0]
+    # After a delta's "<seq>.<pos>" id: the call's other pieces, then its committed answer.
+    pieces = list(client.stream_text(task["id"], after=first.id))
+    assert "".join(p.text for p in pieces[:-1]) == text.removeprefix(first.data["text"])
+    assert pieces[-1] == TextPiece(1, text, committed=True)
+    # The committed events only, resumed after either kind of id: the rest, once each.
+    committed = [e.id for e in everything if e.type != "message.delta"]
+    after = [e.id for e in client.events(task["id"], after=first.id)]
+    assert after == [i for i in committed if int(i) > first.seq]
+    assert [e.seq for e in client.events(task["id"], after=first.seq)] == [int(i) for i in after]
+
+
+# --- ratchet chat in a pseudo-terminal ----------------------------------------------------------
+
+
+class Terminal:
+    """``ratchet chat ARGS`` with a pty for its stdin, stdout and stderr; what it printed, and
+    when each part of it arrived."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.master, replica = os.openpty()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", AT_A_TERMINAL, "chat", *args],
+            stdin=replica,
+            stdout=replica,
+            stderr=replica,
+            env={**os.environ, **env, "TERM": "xterm"},
+            cwd=cwd,  # away from any .env of the checkout
+        )
+        os.close(replica)
+        self.output, self.read_to = "", 0
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> float:
+        """Read until ``text`` has been printed after what the last wait found; the
+        wall-clock time it arrived."""
+        deadline = time.monotonic() + timeout
+        while (found := self.output.find(text, self.read_to)) < 0:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{text!r} never showed; the terminal shows:\n{self.output}"
+            ready, _, _ = select.select([self.master], [], [], min(left, 0.5))
+            if ready:
+                self.output += os.read(self.master, 65536).decode(errors="replace")
+        self.read_to = found + len(text)
+        return time.time()
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def close(self) -> int:
+        code = self.proc.wait(timeout=30)
+        os.close(self.master)
+        return code
+
+
+@pytest.fixture
+def terminal(fleet: Stack, tenant: TenantHandle, tmp_path: Path) -> Iterator[Any]:
+    opened: list[Terminal] = []
+
+    def start(*args: str) -> Terminal:
+        env = {"RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key}
+        opened.append(Terminal(list(args), env, tmp_path))
+        return opened[-1]
+
+    yield start
+    for term in opened:
+        if term.proc.poll() is None:
+            term.proc.kill()
+            term.proc.wait()
+
+
+def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
+    terminal: Any, client: Client, fleet: Stack, tenant: TenantHandle, tmp_path: Path
+) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    chat = terminal("--agent", "ops", "--script", str(script))
+    chat.wait_for("you> ")
+    chat.type("send alice 900\n")
+    chat.wait_for('tool wire_money {"to": "alice", "amount": 900}')
+    chat.wait_for("[a]pprove, [r]eject or [e]dit? ")
+    chat.type("a\n")
+    chat.wait_for("wire_money succeeded: wired 900 to alice")
+
+    first_words = chat.wait_for("The transfer")
+    shown_then = chat.output
+    last_word = chat.wait_for("today")
+    chat.wait_for("you> ")
+    chat.type("/exit\n")
+    chat.wait_for("--thread ")
+    chat.wait_for("\n")
+    assert chat.close() == 0
+    thread_id = RESUME.findall(chat.output)[-1]
+
+    [turn] = [client.get_thread(thread_id)["latest_turn"]]
+    assert turn["status"] == "succeeded"
+    assert turn["result"] == {"output": WORDS}
+    finished = datetime.fromisoformat(turn["finished_at"]).timestamp()
+    # The answer was on the terminal while it was being written: its first words before its
+    # last, and before the turn's task committed it.
+    assert "today" not in shown_then.partition("The transfer")[2]
+    assert first_words < last_word
+    assert first_words < finished
+    assert "\x1b[" in chat.output  # styled, on a terminal
+
+    resumed = terminal("--thread", thread_id, "--agent", "ops", "--script", str(script))
+    for line in (f"thread {thread_id} (ops)", "you> send alice 900", "tool wire_money"):
+        resumed.wait_for(line)
+    for line in ("wire_money succeeded", f"agent> {WORDS}"):
+        resumed.wait_for(line)
+    resumed.wait_for("you> ")
+    resumed.type("again\n")
+    resumed.wait_for("[a]pprove, [r]eject or [e]dit? ")
+    resumed.type("e\n")
+    resumed.wait_for("arguments (JSON, were ")
+    resumed.type("bob\n")  # not JSON: said so, and asked again
+    resumed.wait_for("--edit is not JSON")
+    resumed.wait_for("[a]pprove, [r]eject or [e]dit? ")
+    resumed.type('e\n{"to": "bob", "amount": 5}\n')
+    resumed.wait_for("wire_money edited by key:")
+    resumed.wait_for("wire_money succeeded: wired 5 to bob")
+    resumed.wait_for(f"agent> {WORDS}")
+    resumed.wait_for("you> ")
+    resumed.type("once more\n")
+    resumed.wait_for("[a]pprove, [r]eject or [e]dit? ")
+    resumed.proc.send_signal(signal.SIGINT)  # Ctrl-C while the turn waits: it is cancelled
+    # A signal that lands just before the prompt blocks is only seen once a key is read (a
+    # person would not be that quick); Enter makes sure, wherever it lands.
+    resumed.type("\n")
+    resumed.wait_for("(turn 3 cancelled")
+    resumed.wait_for("you> ")
+    resumed.type("\x04")  # Ctrl-D
+    resumed.wait_for(f"ratchet chat --thread {thread_id}")
+    assert resumed.close() == 0
+    latest = client.get_thread(thread_id)["latest_turn"]
+    assert latest["turn"] == 3
+    assert client.wait(latest["id"], timeout=60)["status"] == "cancelled"
+
+    piped = subprocess.run(
+        [sys.executable, "-m", "ratchet", "chat", "--thread", thread_id],
+        input="",
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key},
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert f"agent> {WORDS}" in piped.stdout
+    assert "you> again" in piped.stdout
+    assert "wire_money succeeded: wired 5 to bob" in piped.stdout
+    assert "\x1b" not in piped.stdout  # not a terminal: plain text

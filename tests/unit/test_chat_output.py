@@ -1,0 +1,75 @@
+"""What ``ratchet chat`` prints for a turn's events, piped (no styles): a failed turn says
+why, a step whose call is asked again is told and its new text follows, and a committed
+answer prints only what the live pieces had not shown (all of it when none came)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from ratchet.cli_chat import Answer, show_event
+from ratchet.client import Client, Event
+
+
+def shown(events: list[tuple[str, dict[str, Any]]], capsys: pytest.CaptureFixture[str]) -> str:
+    answer = Answer()
+    client = cast(Client, None)  # only a wait for approval uses it
+    for kind, data in events:
+        show_event(client, Event(0, kind, data), answer)
+    answer.end_line()
+    return capsys.readouterr().out
+
+
+def test_a_failed_turn_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    out = shown([("task.failed", {"error": "budget exceeded: cost_usd 0.50"})], capsys)
+    assert out == "error: the turn failed: budget exceeded: cost_usd 0.50\n"
+
+
+def test_a_discarded_answer_is_told_and_the_new_one_follows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = shown(
+        [
+            ("message.delta", {"step": 1, "text": "The ans"}),
+            ("message.discarded", {"step": 1, "reason": "retried"}),
+            ("message.delta", {"step": 1, "text": "It is "}),
+            ("step.model_response", {"step": 1, "content": "It is 42.", "tool_calls": []}),
+        ],
+        capsys,
+    )
+    assert out == (
+        "agent> The ans\n(that answer was cut off; it is asked again)\nagent> It is 42.\n"
+    )
+
+
+def test_a_committed_answer_shows_what_the_pieces_did_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = shown(
+        [
+            (
+                "step.model_response",
+                {
+                    "step": 1,
+                    "content": "",
+                    "tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}],
+                },
+            ),
+            (
+                "step.tool_call",
+                {
+                    "step": 1,
+                    "name": "calculator",
+                    "status": "succeeded",
+                    "result": "42",
+                    "error": None,
+                },
+            ),
+            ("step.model_response", {"step": 2, "content": "It is 42.", "tool_calls": []}),
+        ],
+        capsys,
+    )
+    assert out == (
+        '  tool calculator {"expression": "6*7"}\n  calculator succeeded: 42\nagent> It is 42.\n'
+    )
