@@ -1,6 +1,6 @@
 """The task list (filters in the URL, keyset pages, bulk cancel and retry) and the task page
 (steps, conversation, events, webhook deliveries, cancel and retry), and the task's event
-stream for a session: the API's stream (``api.routes.events``), its live ``message.delta``
+stream for a session: the API's stream (``api.task_events``), its live ``message.delta``
 events included, so the page shows the answer as the model writes it."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from api import task_events as event_stream
 from api.dashboard.auth import PATH, CheckedLogin, CurrentLogin
 from api.dashboard.pages import scope_of
 from api.dashboard.render import page
 from api.params import event_position
-from api.routes import events as event_stream
 from api.schemas.content import decoded_size
 from api.stream_limits import limits
 from shared.actions import tasks as task_actions

@@ -298,32 +298,81 @@ class PastTurn:
     calls: list[ToolCall]
 
 
-def _turn_rows(
-    session: Session, thread_id: str, *, before: int | None, after: int, limit: int | None
+def turn_rows(
+    session: Session,
+    thread_id: str,
+    *,
+    before: int | None,
+    after: int = 0,
+    limit: int | None = None,
 ) -> list[Any]:
-    """(id, turn, input) of the turns ``history`` reads, the source's first for a fork."""
-    rows: list[Any] = []
-    lineage = session.execute(
-        select(Thread.forked_from, Thread.fork_turn).where(Thread.id == thread_id)
-    ).one_or_none()
-    if lineage is not None and lineage.forked_from is not None and after < lineage.fork_turn:
-        cap = lineage.fork_turn + 1
-        rows = _turn_rows(
-            session,
-            lineage.forked_from,
-            before=cap if before is None else min(before, cap),
-            after=after,
-            limit=limit,
-        )
-    left = None if limit is None else limit - len(rows)
-    if left is not None and left <= 0:
-        return rows
-    query = select(Task.id, Task.turn, Task.input).where(
-        Task.thread_id == thread_id, Task.rolled_back.is_(False), Task.turn > after
-    )
+    """(id, turn, input, status, attempt, steps) of the turns in the thread's history (not
+    rolled back), numbered after ``after`` and before ``before`` (None: all), oldest first, the
+    first ``limit`` (None: all); a fork's source's turns first, up to its ``fork_turn``. One
+    read, with the thread's lineage (and one more per fork in it)."""
+    joined = (Task.thread_id == Thread.id) & Task.rolled_back.is_(False) & (Task.turn > after)
     if before is not None:
-        query = query.where(Task.turn < before)
-    return rows + list(session.execute(query.order_by(Task.turn).limit(left)).all())
+        joined &= Task.turn < before
+    found = session.execute(
+        select(
+            Thread.forked_from,
+            Thread.fork_turn,
+            Task.id,
+            Task.turn,
+            Task.input,
+            Task.status,
+            Task.attempt,
+            Task.steps,
+        )
+        .select_from(Thread)
+        .outerjoin(Task, joined)
+        .where(Thread.id == thread_id)
+        .order_by(Task.turn)
+        .limit(limit)
+    ).all()
+    if not found:
+        return []
+    own = [row for row in found if row.id is not None]
+    source, fork_turn = found[0].forked_from, found[0].fork_turn
+    if source is None or after >= fork_turn:
+        return own
+    cap = fork_turn + 1
+    inherited = turn_rows(
+        session,
+        source,
+        before=cap if before is None else min(before, cap),
+        after=after,
+        limit=limit,
+    )
+    rows = inherited + own
+    return rows if limit is None else rows[:limit]
+
+
+def turn_steps(
+    session: Session, task_ids: Sequence[str]
+) -> dict[str, tuple[list[Step], list[ToolCall]]]:
+    """Each of these turns' completed steps and their tool calls, in order: one read. A step
+    whose tools had not all run when its turn ended (cancelled mid-step) is left out, so a tool
+    call is never without its outcome."""
+    found: dict[str, tuple[dict[int, Step], list[ToolCall]]] = {
+        task_id: ({}, []) for task_id in task_ids
+    }
+    if not task_ids:
+        return {}
+    rows = session.execute(
+        select(Step, ToolCall)
+        .outerjoin(
+            ToolCall, (ToolCall.task_id == Step.task_id) & (ToolCall.step_number == Step.number)
+        )
+        .where(Step.task_id.in_(task_ids), Step.completed_at.is_not(None))
+        .order_by(Step.task_id, Step.number, ToolCall.position)
+    ).all()
+    for step, call in rows:
+        steps, calls = found[step.task_id]
+        steps[step.number] = step
+        if call is not None:
+            calls.append(call)
+    return {task_id: (list(steps.values()), calls) for task_id, (steps, calls) in found.items()}
 
 
 def history(
@@ -336,29 +385,8 @@ def history(
 ) -> list[PastTurn]:
     """The thread's turns in its history (not rolled back), numbered after ``after`` and
     before ``before`` (None: all), oldest first, the first ``limit`` of them (None: all),
-    each with its completed steps: two reads, however many turns (and one per fork in its
-    lineage: a fork's turns up to ``fork_turn`` are its source's). A step whose tools had not
-    all run when its turn ended (cancelled mid-step) is left out, so a tool call is never
-    without its outcome."""
-    turns = _turn_rows(session, thread_id, before=before, after=after, limit=limit)
-    if not turns:
-        return []
-    ids = [row.id for row in turns]
-    rows = session.execute(
-        select(Step, ToolCall)
-        .outerjoin(
-            ToolCall, (ToolCall.task_id == Step.task_id) & (ToolCall.step_number == Step.number)
-        )
-        .where(Step.task_id.in_(ids), Step.completed_at.is_not(None))
-        .order_by(Step.task_id, Step.number, ToolCall.position)
-    ).all()
-    steps: dict[str, dict[int, Step]] = {task_id: {} for task_id in ids}
-    calls: dict[str, list[ToolCall]] = {task_id: [] for task_id in ids}
-    for step, call in rows:
-        steps[step.task_id][step.number] = step
-        if call is not None:
-            calls[step.task_id].append(call)
-    return [
-        PastTurn(row.id, row.turn, row.input, list(steps[row.id].values()), calls[row.id])
-        for row in turns
-    ]
+    each with its completed steps (:func:`turn_steps`): two reads, however many turns (and one
+    per fork in its lineage: a fork's turns up to ``fork_turn`` are its source's)."""
+    turns = turn_rows(session, thread_id, before=before, after=after, limit=limit)
+    read = turn_steps(session, [row.id for row in turns])
+    return [PastTurn(row.id, row.turn, row.input, *read[row.id]) for row in turns]

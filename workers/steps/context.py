@@ -3,6 +3,7 @@ rebuilt from the task's input and its committed steps (or carried over from the 
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import threading
@@ -20,6 +21,7 @@ from shared.agents.registry import Agent, Tool, get_agent, get_registry
 from shared.context_window import Policy, policy_of
 from shared.mcp.names import is_mcp_name
 from shared.settings import get_settings
+from shared.statuses import TERMINAL_STATUSES
 from shared.store import checkpoints, ledger, summaries, threads
 from shared.store.backends import write_session
 from shared.store.leases import Lease
@@ -244,15 +246,60 @@ def reads_earlier_turns(task: TaskState) -> bool:
 def earlier_turns(session: Session, task: TaskState) -> list[Message]:
     """A thread's turn reads its thread's history: each earlier turn still in it, in order —
     its input, then its completed steps as the model reads them back — from their committed
-    rows. Read with each fresh lease only: a following step carries it in memory."""
+    rows. Read with each fresh lease only: a following step carries it in memory.
+
+    A turn that has ended is read once a process (:data:`_ENDED_TURNS`): its rows change only
+    if it is retried, which gives it another attempt and more steps, and so another key. So
+    the next turn of a long thread reads its turns' list and the steps of the turns this
+    process has not read yet, not the whole thread again."""
     if not reads_earlier_turns(task):
         return []
     assert task.thread_id is not None
+    rows = threads.turn_rows(session, task.thread_id, before=task.turn)
+    keys = {row.id: (row.id, row.attempt, row.steps) for row in rows}
+    missing = [row.id for row in rows if keys[row.id] not in _ENDED_TURNS]
+    read = threads.turn_steps(session, missing)
     messages: list[Message] = []
-    for past in threads.history(session, task.thread_id, before=task.turn):
-        messages.extend(input_messages(past.input))
-        messages.extend(step_messages(past.steps, past.calls))
+    for row in rows:
+        said = _ENDED_TURNS.get(keys[row.id])
+        if said is None:
+            said = input_messages(row.input) + step_messages(*read[row.id])
+            if row.status in TERMINAL_STATUSES:
+                _ENDED_TURNS.put(keys[row.id], said)
+        messages.extend(dict(message) for message in said)  # the caller's own to change
     return messages
+
+
+class _TurnMessages:
+    """Ended turns' messages by (task, attempt, steps), the least recently used dropped past
+    ``size`` (some megabytes of conversation at most)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._found: collections.OrderedDict[tuple[str, int, int], list[Message]] = (
+            collections.OrderedDict()
+        )
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: tuple[str, int, int]) -> bool:
+        with self._lock:
+            return key in self._found
+
+    def get(self, key: tuple[str, int, int]) -> list[Message] | None:
+        with self._lock:
+            found = self._found.get(key)
+            if found is not None:
+                self._found.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[str, int, int], messages: list[Message]) -> None:
+        with self._lock:
+            self._found[key] = messages
+            while len(self._found) > self._size:
+                self._found.popitem(last=False)
+
+
+_ENDED_TURNS = _TurnMessages(size=2_000)
 
 
 def latest_summary(session: Session, task: TaskState) -> Summary | None:
