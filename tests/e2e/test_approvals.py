@@ -428,12 +428,15 @@ class TestDecisions:
                 stream = sse_events(response)
                 before = []
                 for event in stream:
+                    if event.live:
+                        continue  # the model's answer as it streamed: not the log
                     before.append(event)
                     if event.type == "task.awaiting_approval":
                         break
                 [hooked] = receiver.wait_for(1, path="/approvals", timeout=30)
                 answer = decide(http, task_id, "approve")
-                after = list(stream)  # to the end of the stream, which ends with the task
+                # To the end of the stream, which ends with the task.
+                after = [event for event in stream if not event.live]
             hooks = receiver.wait_for(2, path="/approvals", timeout=30)
 
         assert answer.status_code == 200, answer.text
