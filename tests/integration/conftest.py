@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from tests.conftest import Configure
@@ -109,3 +113,27 @@ def anthropic_provider(configure: Configure) -> Iterator[Callable[..., MessagesS
     for server in servers:
         server.server.shutdown()
     fresh_providers()
+
+
+@pytest.fixture
+def live_url(backend_env: dict[str, str]) -> Iterator[str]:
+    """The API served by uvicorn on a free local port, in a background thread, on the test's
+    backend."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        "api.main:create_app", factory=True, lifespan="on", ws="none", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive(), "the API server did not start"
+        assert time.monotonic() < deadline, "the API server did not start within 15 s"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()

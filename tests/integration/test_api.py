@@ -8,7 +8,6 @@ only real sockets and threads make requests race each other.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -94,30 +92,6 @@ def ids_of(pages: list[list[dict[str, Any]]]) -> list[str]:
 
 
 # --- a real server, for real concurrency ------------------------------------------------------
-
-
-@pytest.fixture
-def live_url(backend_env: dict[str, str]) -> Iterator[str]:
-    """The API served by uvicorn on a free local port, in a background thread, on the test's
-    backend."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        "api.main:create_app", factory=True, lifespan="on", ws="none", log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive(), "the API server did not start"
-        assert time.monotonic() < deadline, "the API server did not start within 15 s"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
 
 
 def fire_together(

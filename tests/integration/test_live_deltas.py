@@ -10,17 +10,15 @@ commit, concatenating to it, nothing lost or twice on a resume), never a latency
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from tests.conftest import Configure, TenantHandle
 from tests.fakes.openai_server import OpenAIServer, answer, tool_call
@@ -38,28 +36,6 @@ class Seen:
     type: str
     data: dict[str, Any]
     at: float  # time.time() when the reader had it
-
-
-@pytest.fixture
-def live_url(backend_env: dict[str, str]) -> Iterator[str]:
-    """The API served by uvicorn on a free local port, in a thread of this process."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        "api.main:create_app", factory=True, lifespan="on", ws="none", log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive(), "the API did not start"
-        assert time.monotonic() < deadline, "the API did not start within 15 s"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from tests.conftest import Configure, TenantHandle
 from tests.fakes.openai_server import OpenAIServer, answer, stall, tool_call
 from tests.fakes.reader import Reader, unpaired_calls
 from tests.helpers import admit
-from tests.integration.test_api import fire_together, live_url  # noqa: F401
+from tests.integration.test_api import fire_together
 from tests.integration.test_context_window import MODEL as READER_MODEL
 from tests.integration.test_context_window import RESERVE as READER_RESERVE
 from tests.integration.test_context_window import WINDOW as READER_WINDOW
@@ -348,7 +348,7 @@ def test_a_fork_needs_a_turn_the_thread_has_and_has_ended(
 
 
 def test_turns_sent_at_once_are_numbered_in_turn_and_only_the_first_is_not_held(
-    live_url: str,  # noqa: F811
+    live_url: str,
     tenant: TenantHandle,
 ) -> None:
     """Ten turns at once on an idle thread (real HTTP, one thread each): ten numbers, one
