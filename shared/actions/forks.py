@@ -11,12 +11,11 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 
 from shared.actions.effects import of_task
-from shared.actions.tasks import Submitted
-from shared.errors import Conflict, IdempotencyMismatch
+from shared.actions.tasks import Submitted, replay
+from shared.errors import Conflict
 from shared.scheduling import caps
 from shared.store import forks, tasks
 from shared.store.db import get_sessionmaker
-from shared.store.tables import Task
 from shared.store.tasks import NewTask
 
 
@@ -47,7 +46,7 @@ def fork_task(
                     session, tenant_id, idempotency_key
                 )
                 if existing:
-                    return Submitted(_replay(existing, request_hash), created=False)
+                    return Submitted(replay(existing, request_hash), created=False)
                 tasks.get_task(session, tenant_id, point.task_id)  # NotFound across tenants
                 forks.check_fork_point(
                     session, point.task_id, point.step, tool_results=tool_results or {}
@@ -78,10 +77,4 @@ def fork_task(
                 existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
             if existing is None:
                 raise Conflict("a request with this Idempotency-Key is in progress") from None
-            return Submitted(_replay(existing, request_hash), created=False)
-
-
-def _replay(existing: Task, request_hash: str) -> Task:
-    if existing.request_hash != request_hash:
-        raise IdempotencyMismatch
-    return existing
+            return Submitted(replay(existing, request_hash), created=False)

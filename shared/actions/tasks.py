@@ -58,7 +58,7 @@ def submit(
                     session, tenant_id, idempotency_key
                 )
                 if existing:
-                    return Submitted(_replay(existing, request_hash), created=False)
+                    return Submitted(replay(existing, request_hash), created=False)
                 caps.check(session, tenant_id, tenant_name)
                 if spec.agent_version is not None:  # its row, once per process and version
                     versions.record(session, spec.agent_version)
@@ -79,7 +79,7 @@ def submit(
                 existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
             if existing is None:
                 raise Conflict("a request with this Idempotency-Key is in progress") from None
-            return Submitted(_replay(existing, request_hash), created=False)
+            return Submitted(replay(existing, request_hash), created=False)
         finally:
             if admitted:  # the slot it took from the gate: committed, or not at all
                 gate.land_slot()
@@ -93,7 +93,9 @@ def _submitted(logged: tasks.Logged, admitted: bool) -> Effects:
     return effects + Effects(steps=((task_id, 1),)) if admitted else effects
 
 
-def _replay(existing: Task, request_hash: str) -> Task:
+def replay(existing: Task, request_hash: str) -> Task:
+    """The task an Idempotency-Key found, if it was made from the same body (a submission,
+    a turn or a fork); IdempotencyMismatch otherwise."""
     if existing.request_hash != request_hash:
         raise IdempotencyMismatch
     return existing

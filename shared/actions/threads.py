@@ -24,9 +24,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from shared.actions.effects import NONE, Effects, of_task
-from shared.actions.tasks import Submitted, direct
+from shared.actions.tasks import Submitted, direct, replay
 from shared.agents.registry import get_agent
-from shared.errors import Conflict, IdempotencyMismatch, InvalidRequest, NotFound
+from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.scheduling import caps, gate
 from shared.statuses import TERMINAL_STATUSES
 from shared.store import tasks, threads
@@ -77,7 +77,7 @@ def run_turn(
                     session, tenant_id, idempotency_key
                 )
                 if existing:
-                    return Submitted(_replay(existing, request_hash), created=False)
+                    return Submitted(replay(existing, request_hash), created=False)
                 number = threads.take_turn_number(session, tenant_id, thread_id)
                 caps.check(session, tenant_id, tenant_name)
                 stopped, held = _make_room(session, tenant_id, thread_id, strategy)
@@ -103,7 +103,7 @@ def run_turn(
                 existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
             if existing is None:
                 raise Conflict("a request with this Idempotency-Key is in progress") from None
-            return Submitted(_replay(existing, request_hash), created=False)
+            return Submitted(replay(existing, request_hash), created=False)
         finally:
             if admitted:  # the slot it took from the gate: committed, or not at all
                 gate.land_slot()
@@ -151,12 +151,6 @@ def _started(logged: tasks.Logged, *, admitted: bool, held: bool, thread_id: str
     if admitted:
         return effects + Effects(steps=((task_id, 1),))
     return effects + Effects(wake=not held)
-
-
-def _replay(existing: Task, request_hash: str) -> Task:
-    if existing.request_hash != request_hash:
-        raise IdempotencyMismatch
-    return existing
 
 
 def delete(session: Session, tenant_id: str, thread_id: str) -> None:
