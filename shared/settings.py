@@ -196,6 +196,18 @@ class Settings(BaseSettings):
     webhook_breaker_cooldown_seconds: float = Field(60.0, gt=0)
     max_webhook_endpoints_per_tenant: int = Field(100, ge=1, le=100_000)
     tool_timeout_seconds: float = Field(60.0, gt=0)
+    # How many of one step's tool calls run at once (the model asked for several in one
+    # answer); each outcome commits as it finishes.
+    tool_concurrency: int = Field(8, ge=1, le=64)
+    # Sub-agents: how deep a tree of tasks may grow below its root (a child of a root is at
+    # depth 1); a call past it is a tool error the model reads.
+    subagent_max_depth: int = Field(3, ge=1, le=32)
+    # Durable waits: how long a wait may last unless its tool says (at most 30 days), and
+    # what happens then: fail the call, tell the model it timed out, or fail the task.
+    wait_timeout_seconds: float = Field(86_400.0, gt=0, le=30 * 86_400)
+    wait_on_timeout: Literal["fail_call", "tell_model", "fail_task"] = "fail_call"
+    # Batches: the most tasks one POST /v1/tasks/batch may submit.
+    batch_max_tasks: int = Field(1000, ge=1, le=10_000)
     # MCP servers as tools (shared/mcp): JSON by server name, in the setting or a file (the
     # setting wins for a name in both), and how long a process trusts a server's tool list
     # before it lists again (a notifications/tools/list_changed refreshes it sooner).

@@ -124,6 +124,13 @@ class Task(Base):
             "tenant_id",
             **_where(f"admitted_ms IS NOT NULL AND status IN {_RUNNABLE_SQL}"),
         ),
+        Index(
+            "uq_tasks_parent_call",
+            "parent_id",
+            "parent_call_id",
+            unique=True,
+            **_where("parent_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -204,6 +211,20 @@ class Task(Base):
     turn: Mapped[int | None] = mapped_column(Integer)
     turn_held: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     rolled_back: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # A sub-agent's task (shared.store.families): the task whose call started it, that call,
+    # the root of its tree (NULL for a root: it is its own) and its depth below it (0: a
+    # root). One child per parent's call (``uq_tasks_parent_call``).
+    parent_id: Mapped[str | None] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE", name="fk_tasks_parent_id")
+    )
+    parent_call_id: Mapped[str | None] = mapped_column(String(100))
+    root_id: Mapped[str | None] = mapped_column(String(36))
+    depth: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
+    # What its settled children used (theirs and their own children's): a task's usage, and
+    # the budget it is held to, count them with its own.
+    children_input_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
+    children_output_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
+    children_cost_usd: Mapped[float] = mapped_column(Float, server_default="0", default=0.0)
 
 
 def runnable() -> ColumnElement[bool]:
@@ -513,3 +534,36 @@ Index(
     **_where(f"thread_id IS NOT NULL AND NOT turn_held AND {_UNFINISHED_SQL}"),
 )
 Index("ix_tasks_held", Task.thread_id, Task.turn, **_where("turn_held"))
+
+
+class Wait(Base):
+    """A tool call parked on the outside world (``kind`` "token": completed by
+    ``POST /v1/waits/{token}``) or on a child task (``kind`` "child"), until it is settled
+    once: ``pending → completed | failed | expired | cancelled``. Its task is ``waiting``
+    while any of its step's waits is pending, and holds no lease, slot or worker."""
+
+    __tablename__ = "waits"
+    __table_args__ = (
+        UniqueConstraint("task_id", "call_id", name="uq_waits_task_call"),
+        Index("ix_waits_pending_deadline", "deadline_ms", **_where("status = 'pending'")),
+        Index("ix_waits_pending_child", "child_id", **_where("status = 'pending'")),
+    )
+
+    token: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(36))
+    call_id: Mapped[str] = mapped_column(String(100))
+    step_number: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    child_id: Mapped[str | None] = mapped_column(String(36))
+    status: Mapped[str] = mapped_column(String(16))
+    # What the tool said it waits for (shown to whoever completes it), and the completion's
+    # JSON body or the child's result: the call's result; or why it failed.
+    request: Mapped[Any | None] = mapped_column(JSONType)
+    payload: Mapped[Any | None] = mapped_column(JSONType)
+    error: Mapped[str | None] = mapped_column(Text)
+    deadline_ms: Mapped[int | None] = mapped_column(BigInteger)
+    on_timeout: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    settled_at: Mapped[datetime | None]
+    settled_by: Mapped[str | None] = mapped_column(String(200))
