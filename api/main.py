@@ -34,6 +34,7 @@ from api.routes import (
     tasks,
     thread_events,
     threads,
+    waits,
     webhook_endpoints,
     webhooks,
 )
@@ -186,6 +187,7 @@ def create_app() -> FastAPI:
         forks,
         threads,
         thread_events,
+        waits,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     app.include_router(health.router, responses=ANY_REQUEST)

@@ -130,6 +130,21 @@ class TaskView(BaseModel):
     # A thread's turn: its thread and its number there.
     thread_id: str | None = None
     turn: int | None = None
+    parent_id: str | None = Field(
+        None, description="the task whose sub-agent call started this one; null for a root"
+    )
+    root_id: str | None = Field(
+        None, description="the root of its tree of tasks (its own id for a root)"
+    )
+    children_usage: Usage | None = Field(
+        None,
+        description="what its settled sub-agent tasks used (theirs and their children's); "
+        "`usage` counts it too. Null for a task with none",
+    )
+    waiting: dict[str, Any] | None = Field(
+        None,
+        description="while `waiting`: the step and its calls' pending waits (tokens, children)",
+    )
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -224,6 +239,20 @@ class TaskState(UsageRow, Protocol):
     def turn(self) -> int | None: ...
     @property
     def stream(self) -> bool | None: ...
+    @property
+    def parent_id(self) -> str | None: ...
+    @property
+    def parent_call_id(self) -> str | None: ...
+    @property
+    def root_id(self) -> str | None: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def children_input_tokens(self) -> int: ...
+    @property
+    def children_output_tokens(self) -> int: ...
+    @property
+    def children_cost_usd(self) -> float: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -242,7 +271,11 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         finished_at=aware(task.finished_at),
         steps=task.steps,
         attempt=task.attempt,
-        usage=usage_of(task, model=task.model),
+        usage=usage_of(_with_children(task), model=task.model),
+        children_usage=_children_usage(task),
+        parent_id=task.parent_id,
+        root_id=task.root_id or task.id,
+        waiting=_waits_of(task, links=approval_links),
         result=task.result,
         error=task.error,
         pending_approval=(
@@ -258,6 +291,47 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         thread_id=task.thread_id,
         turn=task.turn,
     )
+
+
+class _Totals:
+    """A task's usage with its settled children's added (a ``UsageRow``)."""
+
+    def __init__(self, task: TaskState) -> None:
+        self.input_tokens = task.input_tokens + (task.children_input_tokens or 0)
+        self.output_tokens = task.output_tokens + (task.children_output_tokens or 0)
+        self.cached_input_tokens = task.cached_input_tokens
+        self.cache_write_tokens = task.cache_write_tokens
+        self.reasoning_tokens = task.reasoning_tokens
+        self.cost_usd = task.cost_usd + (task.children_cost_usd or 0.0)
+
+
+def _with_children(task: TaskState) -> UsageRow:
+    if not (task.children_input_tokens or task.children_output_tokens or task.children_cost_usd):
+        return task
+    return _Totals(task)
+
+
+def _children_usage(task: TaskState) -> Usage | None:
+    if not (task.children_input_tokens or task.children_output_tokens or task.children_cost_usd):
+        return None
+    return Usage(
+        input_tokens=task.children_input_tokens,
+        output_tokens=task.children_output_tokens,
+        cost_usd=round(task.children_cost_usd, 8),
+    )
+
+
+def _waits_of(task: TaskState, *, links: bool) -> dict[str, Any] | None:
+    """What a waiting task waits for; the waits' signed URLs only for a reader who may
+    complete them (as with approval links)."""
+    waiting = task.waiting
+    if task.status != "waiting" or not waiting or "waits" not in waiting:
+        return None
+    if links:
+        return waiting
+    return waiting | {
+        "waits": [{k: v for k, v in w.items() if k != "url"} for w in waiting["waits"]]
+    }
 
 
 def task_document(task: TaskState) -> dict[str, Any]:

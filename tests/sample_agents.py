@@ -142,3 +142,58 @@ register_agent(
         stream=False,
     )
 )
+
+
+# Composition: a researcher sub-agent (two calculator steps, then its answer), an agent that
+# hands work to it, a sub-agent that is slow, and a tool that parks its task on the outside
+# world (a durable wait).
+_RESEARCH_SCRIPT = [
+    {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6*7"}}]},
+    {"tool_calls": [{"name": "calculator", "arguments": {"expression": "2**10"}}]},
+    {"content": "researched: 42 and 1024", "usage": {"input_tokens": 100, "output_tokens": 10}},
+]
+
+register_agent(
+    Agent(
+        name="researcher",
+        description="Researches one question and reports what it found.",
+        system_prompt="You research the question you are given.",
+        model="scripted",
+        model_options={"script": _RESEARCH_SCRIPT},
+        tools=("calculator",),
+    )
+)
+
+register_agent(
+    Agent(
+        name="slow_researcher",
+        description="Researches slowly.",
+        system_prompt="You take your time.",
+        model="scripted",
+        model_options={"script": [{"content": "slowly researched", "delay_ms": 1500}]},
+        tools=(),
+    )
+)
+
+
+@tool
+def await_ci(run: str, context: ToolContext) -> str:
+    """Start a CI run and wait for its result (a durable wait)."""
+    from ratchet import Wait
+
+    _record("ci", context)
+    raise Wait(
+        {"run": run},
+        timeout_seconds=float(os.environ.get("RATCHET_TEST_WAIT_S", "600")),
+        on_timeout=os.environ.get("RATCHET_TEST_WAIT_POLICY", "fail_call"),
+    )  # type: ignore[arg-type]
+
+
+register_agent(
+    Agent(
+        name="lead",
+        description="Hands research to sub-agents and waits on CI.",
+        system_prompt="You delegate.",
+        tools=("researcher", "slow_researcher", "lead", "calculator", "await_ci", "ask_user"),
+    )
+)

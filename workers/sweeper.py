@@ -26,12 +26,14 @@ from collections.abc import Sequence
 from sqlalchemy import select
 
 from shared.actions import approvals
+from shared.actions import waits as wait_actions
 from shared.actions.effects import Effects, after_commit
 from shared.approvals import decisions
 from shared.ops import fleet
 from shared.queue import oldest_waiting_ms, webhook_queue
 from shared.settings import get_settings
 from shared.store import tasks
+from shared.store import waits as store_waits
 from shared.store.backends import backend_of, write_session
 from shared.store.db import get_sessionmaker, now_ms, transaction
 from shared.webhooks import deliveries as webhook_deliveries
@@ -65,7 +67,11 @@ def sweep_once() -> int:
         candidates = tasks.due_for_sweep(session, grace_ms=grace_ms, sent_before_ms=steps_before)
         lost_sends = webhook_deliveries.due(session, grace_ms=grace_ms, sent_before_ms=sends_before)
         expired = decisions.due(session)
+        waits_due = store_waits.due(session)
+        children_ended = store_waits.children_ended(session)
+        unparked = store_waits.waiting_without_pending(session)
     expire_approvals(expired)
+    settle_waits(waits_due, children_ended, unparked)
     with write_session() as session:
         ids = [task_id for task_id, _ in candidates]
         overdue = tasks.mark_redispatched(
@@ -93,6 +99,25 @@ def expire_approvals(expired: Sequence[tuple[str, str, str]]) -> None:
             effects = approvals.expire(session, task_id, call_id, policy)
         log.info("approval of %s %s timed out: %s", task_id, call_id, policy)
         after_commit(effects)
+
+
+def settle_waits(
+    due: Sequence[tuple[str, str]], children_ended: Sequence[str], unparked: Sequence[str]
+) -> None:
+    """Durable waits: apply the policy of those past their deadline; and, as a backstop for
+    a crash between a child's end (or a last settling) and its parent's, settle the parents'
+    waits on children that ended, and resume waiting tasks that have nothing pending. Each
+    in a transaction of its own: whatever got there first wins, and this changes nothing."""
+    for token, task_id in due:
+        with get_sessionmaker()() as session:
+            after_commit(wait_actions.expire(session, token))
+        log.info("wait %s of task %s timed out", token, task_id)
+    for child_id in children_ended:
+        with get_sessionmaker()() as session:
+            after_commit(wait_actions.settle_child(session, child_id))
+    for task_id in unparked:
+        with get_sessionmaker()() as session:
+            after_commit(wait_actions.after_parking(session, task_id))
 
 
 def _waiting_since(sent_ms: int | None, offset_ms: int) -> int | None:

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from shared.agents.registry import Tool, ToolContext, get_registry
+from shared.agents.waiting import Parking, Wait
 from shared.errors import RatchetError, ToolOutcomeUnknown
 from shared.settings import get_settings
 from workers import cancels
@@ -21,6 +22,8 @@ class Outcome:
     result: Any = None
     error: str | None = None
     unknown: bool = False  # the call overran its limit and may still finish
+    # The call parks: on a durable wait the tool raised, or on the child task it started.
+    parking: Parking | None = None
 
 
 def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outcome:
@@ -37,6 +40,8 @@ def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outc
         )
     except cancels.Interrupted:
         raise
+    except Wait as wait:
+        return Outcome(ok=False, parking=Parking.of(wait))
     except TimeoutError:
         return Outcome(ok=False, error=f"{tool.name} timed out after {limit:g} s", unknown=True)
     except ToolOutcomeUnknown as exc:  # e.g. an MCP server that died mid-call

@@ -7,7 +7,7 @@ import contextlib
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -36,7 +36,8 @@ from shared.errors import InvalidRequest
 from shared.observability import metrics
 from shared.pricing import is_priced
 from shared.statuses import TERMINAL_STATUSES, TaskStatus
-from shared.store import checkpoints, ledger, tasks
+from shared.store import checkpoints, families, ledger, tasks
+from shared.store import waits as store_waits
 from shared.store.db import get_sessionmaker
 from shared.store.summaries import list_summaries
 from shared.store.tables import Step, Summary, Task, ToolCall
@@ -231,6 +232,32 @@ def _decode_task_cursor(cursor: str | None) -> str | None:
     return after
 
 
+@router.get(
+    "/{task_id}/children",
+    response_model=TaskList,
+    summary="The sub-agent tasks a task started",
+    responses=TASK_RESPONSES,
+)
+def list_children(
+    task_id: str,
+    principal: Reader,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+    ] = None,
+) -> TaskList:
+    """The tasks the task's sub-agent calls started (one per call), a page at a time; each
+    shows its ``parent_id`` and ``root_id``, and ``/children`` of a child goes a level down."""
+    after = _decode_task_cursor(cursor)
+    with session.begin():
+        tasks.get_task(session, principal.tenant_id, task_id)  # 404 across tenants
+        rows, last = families.children(session, task_id, limit=limit, after_id=after)
+        links = principal.allows(APPROVE)
+        items = [task_view(t, approval_links=links) for t in rows]
+    return TaskList(items=items, next_cursor=params.encode_cursor(last) if last else None)
+
+
 @router.post(
     "/{task_id}/cancel",
     status_code=202,
@@ -241,6 +268,7 @@ def _decode_task_cursor(cursor: str | None) -> str | None:
 def cancel_task(task_id: str, principal: Writer, session: SessionDep) -> TaskView:
     """Cancel now if no worker holds the task; otherwise the step in flight stops waiting on
     its model or tool and cancels the task (``cancel_requested_at`` shows it is pending).
+    Every unfinished task it started (its sub-agents, theirs, …) is cancelled the same way.
     409 if the task already ended."""
     task, effects = task_actions.cancel(session, principal.tenant_id, task_id)
     after_commit(effects)
@@ -285,6 +313,7 @@ def list_steps(
         more = len(steps) > limit
         steps = steps[:limit]
         calls = ledger.calls_for_task(session, task_id, steps=[s.number for s in steps])
+        parked = store_waits.of_calls(session, task_id, [c.call_id for c in calls])
         inherited = (task.forked_from or {}).get("step", 0)  # a fork's steps from its origin
         items = [
             _step_out(
@@ -292,6 +321,7 @@ def list_steps(
                 [c for c in calls if c.step_number == s.number],
                 model=task.model,
                 forked=s.number <= inherited,
+                parked=parked,
             )
             for s in steps
         ]
@@ -322,7 +352,14 @@ def _summary_out(row: Summary) -> SummaryOut:
     )
 
 
-def _step_out(step: Step, calls: list[ToolCall], *, model: str, forked: bool) -> StepOut:
+def _step_out(
+    step: Step,
+    calls: list[ToolCall],
+    *,
+    model: str,
+    forked: bool,
+    parked: dict[str, dict[str, Any]],
+) -> StepOut:
     return StepOut(
         number=step.number,
         forked=forked,
@@ -350,6 +387,7 @@ def _step_out(step: Step, calls: list[ToolCall], *, model: str, forked: bool) ->
                 started_at=aware(c.started_at),
                 finished_at=aware(c.finished_at),
                 approval=_approval(c),
+                wait=parked.get(c.call_id),
             )
             for c in calls
         ],

@@ -256,6 +256,11 @@ class ToolCallOut(BaseModel):
     approval: CallApproval | None = Field(
         None, description="for a call that needed a person's decision: its deadline and decision"
     )
+    wait: dict[str, Any] | None = Field(
+        None,
+        description="for a call that parked (a durable wait, or a sub-agent's child task): "
+        "its token, kind, child_id, status, request, deadline and on_timeout",
+    )
 
     @computed_field(  # type: ignore[prop-decorator]
         description="the MCP server the call went to (its tool is named `<server>.<tool>`); "

@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from shared.actions import waits
 from shared.actions.effects import NONE, Effects, of_task
 from shared.agents import versions
 from shared.errors import Conflict, IdempotencyMismatch
 from shared.scheduling import caps, concurrency, gate
+from shared.statuses import TaskStatus
 from shared.store import tasks
+from shared.store import waits as pending_waits
 from shared.store.backends import commit_each_statement
 from shared.store.db import get_sessionmaker
 from shared.store.tables import Task
@@ -116,10 +119,14 @@ def cancel(session: Session, tenant_id: str, task_id: str) -> tuple[Task, Effect
     (NotFound, or Conflict once it has ended)."""
     with session.begin():
         logged = tasks.request_cancel(session, tenant_id, task_id)
+        if logged.task.status == TaskStatus.CANCELLED:  # parked, or queued: cancelled now
+            pending_waits.cancel_pending(session, [task_id])
     task = logged.task
     effects = of_task(task.id, logged.deliveries)
     if task.cancel_requested_at is not None:  # a step is in flight: stop its wait
         effects += Effects(cancels=(task.id,))
+    # What it started goes with it (a task that never ran a sub-agent has nothing below it).
+    effects += waits.cancel_tree(session, tenant_id, task_id)
     return task, effects
 
 

@@ -11,6 +11,7 @@ from pydantic import Field
 from shared.agents import http_exchange
 from shared.agents.calculator import MAX_EXPRESSION_LENGTH, evaluate
 from shared.agents.registry import Agent, ToolContext, register_agent, tool
+from shared.agents.waiting import Wait
 from shared.errors import ToolError
 from shared.settings import get_settings
 from shared.webhooks.egress import check_url
@@ -73,11 +74,22 @@ def http_request(
     return reply.to_dict()
 
 
+@tool(idempotent=True)
+def ask_user(
+    question: Annotated[str, Field(min_length=1, max_length=4000)],
+    timeout_seconds: Annotated[float | None, Field(gt=0, le=30 * 86_400)] = None,
+) -> Any:
+    """Ask the person who gave you this task a question, and wait for their answer (the
+    task waits, for hours if need be). Ask only what you cannot find out or decide yourself.
+    The answer is this call's result; if none comes in time, the result says so."""
+    raise Wait({"question": question}, timeout_seconds=timeout_seconds, on_timeout="tell_model")
+
+
 register_agent(
     Agent(
         name="default",
         description="A general assistant with every built-in tool.",
         system_prompt="You are a helpful assistant. Use the tools when they help.",
-        tools=("calculator", "current_time", "sleep", "http_request"),
+        tools=("calculator", "current_time", "sleep", "http_request", "ask_user"),
     )
 )

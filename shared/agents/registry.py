@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from shared.errors import InvalidRequest, NotFound, ToolArgumentsInvalid
+from shared.errors import InvalidRequest, NotFound, ToolArgumentsInvalid, ToolError
 
 UnknownOutcomePolicy = Literal["fail", "tell_model", "ask"]
 ApprovalTimeoutPolicy = Literal["reject", "approve", "fail"]
@@ -52,6 +52,8 @@ class Tool:
     on_approval_timeout: ApprovalTimeoutPolicy | None = None
     # The most characters of a result the model reads (default: the setting).
     max_result_chars: int | None = None
+    # A sub-agent: calling it starts a task of this agent (see ``agent_tool``).
+    agent: str | None = None
 
     def needs_approval(self, arguments: dict[str, Any]) -> bool:
         """Whether a person must approve this call first: always, never, or as the tool's
@@ -109,6 +111,9 @@ class Agent:
     output_schema: dict[str, Any] | None = None
     # Whether its tasks' model calls stream (a task's own ``stream`` wins; None: the setting).
     stream: bool | None = None
+    # Its tasks' model options (a task's own win): e.g. a temperature, or the scripted
+    # model's script for a sub-agent, whose tasks no client submits.
+    model_options: dict[str, Any] | None = None
 
 
 @dataclass
@@ -214,6 +219,9 @@ def register_agent(agent: Agent) -> Agent:
     they are declared in the settings, which are not read at import."""
     from shared.mcp.names import is_mcp_name
 
+    for name in agent.tools:  # another agent (or itself) as a sub-agent
+        if name not in _registry.tools and (name in _registry.agents or name == agent.name):
+            _registry.tools[name] = agent_tool(_registry.agents.get(name, agent))
     missing = [n for n in agent.tools if n not in _registry.tools and not is_mcp_name(n)]
     if missing:
         raise NotFound(f"agent {agent.name!r} names unknown tool(s): {', '.join(missing)}")
@@ -233,6 +241,36 @@ def register_agent(agent: Agent) -> Agent:
             raise ValueError(f"agent {agent.name!r}: context: {exc}") from None
     _registry.agents[agent.name] = agent
     return agent
+
+
+class SubAgentArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(
+        min_length=1,
+        max_length=100_000,
+        description="the task for the sub-agent, with everything it needs to know",
+    )
+
+
+def agent_tool(agent: Agent) -> Tool:
+    """``agent`` as a tool of other agents: a call starts a task of it (a child of the
+    calling task, once per call) and its result is the child's answer. The worker runs it
+    (``workers.steps.parking``): it is never invoked in a tool thread."""
+
+    def run_in_worker(**_: Any) -> Any:
+        raise ToolError(f"sub-agent {agent.name!r} runs as a child task, not as a function")
+
+    description = agent.description or f"Hand a task to the {agent.name} agent."
+    return Tool(
+        name=agent.name,
+        description=f"{description} (A sub-agent: it works on the task on its own and "
+        "answers with its result.)",
+        func=run_in_worker,
+        arguments_model=SubAgentArguments,
+        idempotent=True,  # its child is keyed by the call: a second start finds the first
+        agent=agent.name,
+    )
 
 
 def load(modules: Iterable[str] = ()) -> Registry:

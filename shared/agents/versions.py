@@ -45,7 +45,18 @@ from shared.store import agent_versions
 # What a version holds of an agent and of each of its Python tools. The other fields are
 # left out on purpose: an agent's ``description`` is shown in ``/v1/agents`` but never sent to
 # the model; a tool's ``func``, ``arguments_model`` and ``wants_context`` are its code.
-AGENT_FIELDS = ("system_prompt", "model", "max_steps", "context", "output_schema", "stream")
+AGENT_FIELDS = (
+    "system_prompt",
+    "model",
+    "max_steps",
+    "context",
+    "output_schema",
+    "stream",
+    "model_options",
+)
+# Fields a definition holds only when set: a field added later leaves the ids of the agents
+# that do not use it as they were.
+OPTIONAL_AGENT_FIELDS = ("model_options",)
 TOOL_FIELDS = (
     "description",
     "idempotent",
@@ -92,7 +103,12 @@ def definition_of(agent: Agent, tools: Mapping[str, Tool]) -> dict[str, Any]:
     """``agent``'s definition, its tools looked up in ``tools`` (a name not there is an MCP
     tool's, kept as a name)."""
     listed = [tool_definition(tools[n]) if n in tools else {"name": n} for n in agent.tools]
-    return {"name": agent.name, **{f: getattr(agent, f) for f in AGENT_FIELDS}, "tools": listed}
+    fields = {
+        f: getattr(agent, f)
+        for f in AGENT_FIELDS
+        if f not in OPTIONAL_AGENT_FIELDS or getattr(agent, f) is not None
+    }
+    return {"name": agent.name, **fields, "tools": listed}
 
 
 def tool_definition(tool: Tool) -> dict[str, Any]:

@@ -77,3 +77,24 @@ def verify(token: str, *, now_ms: int | None = None) -> LinkTarget:
     if (now_ms if now_ms is not None else int(time.time() * 1000)) >= target.expires_ms:
         raise LinkRefused("this approval link has expired", expired=True)
     return target
+
+
+def wait_link(token: str) -> str | None:
+    """The URL that completes the durable wait ``token`` without an API key (a POST of its
+    JSON result), or None when links are off. Single-use as the wait is: a second
+    completion finds it settled."""
+    settings = get_settings()
+    if settings.approval_link_secret is None or settings.public_url is None:
+        return None
+    signature = _signature(f"wait.{token}", settings.approval_link_secret.get_secret_value())
+    return f"{settings.public_url.rstrip('/')}/v1/waits/{token}?signature={signature}"
+
+
+def verify_wait(token: str, signature: str) -> None:
+    """LinkRefused unless ``signature`` is this server's for the wait ``token``."""
+    secret = get_settings().approval_link_secret
+    if secret is None or not signature:
+        raise LinkRefused("this wait link is not valid")
+    expected = _signature(f"wait.{token}", secret.get_secret_value())
+    if not hmac.compare_digest(expected, signature):
+        raise LinkRefused("this wait link is not valid")

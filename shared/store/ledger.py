@@ -1,7 +1,9 @@
 """The tool-call ledger: one row per tool call, unique on (task, call id).
 
 A row goes ``started → succeeded | failed``; a call that needs approval first waits as
-``awaiting`` (an approval starts it, a rejection ends it ``failed`` without a run). A
+``awaiting`` (an approval starts it, a rejection ends it ``failed`` without a run); a call
+that parked on a durable wait or a child task goes ``started → waiting`` and takes its
+outcome from the wait once settled (``shared.store.waits``). A
 ``succeeded`` or ``failed`` row is final and is replayed, never re-run; a ``started`` row
 found after a crash is a call whose outcome is unknown.
 """
@@ -27,6 +29,7 @@ class CallStatus(StrEnum):
 
     STARTED = "started"
     AWAITING = "awaiting"  # waits for a person's decision before it may run
+    WAITING = "waiting"  # ran, and waits for its outcome: a durable wait or a child task
     SUCCEEDED = "succeeded"
     FAILED = "failed"
 
@@ -172,5 +175,24 @@ def finish_call(
     return Change(
         _CALLS,
         {"call_id": call_id, "status": CallStatus.STARTED},
+        {"status": status, "result": result, "error": error, "finished_at": utcnow()},
+    )
+
+
+def park_call(call_id: str) -> Change:
+    """The call ran and parked: its outcome is its wait's, once settled."""
+    return Change(
+        _CALLS, {"call_id": call_id, "status": CallStatus.STARTED}, {"status": CallStatus.WAITING}
+    )
+
+
+def finish_waiting_call(
+    call_id: str, *, status: str, result: Any = None, error: str | None = None
+) -> Change:
+    """A parked call's outcome, from its settled wait; only a ``waiting`` row changes."""
+    assert status in (CallStatus.SUCCEEDED, CallStatus.FAILED)
+    return Change(
+        _CALLS,
+        {"call_id": call_id, "status": CallStatus.WAITING},
         {"status": status, "result": result, "error": error, "finished_at": utcnow()},
     )

@@ -347,3 +347,19 @@ def await_approval(pending: dict[str, Any]) -> TaskWrite:
         "due_ms": None,
     }
     return TaskWrite(values, (("task.awaiting_approval", task_document),))
+
+
+def await_waits(waiting: dict[str, Any]) -> TaskWrite:
+    """The step's calls in ``waiting`` are parked on durable waits or child tasks: the task
+    leaves the workers (``waiting``: no lease, no due time, no slot, the attempt not counted)
+    until every one is settled, with ``task.waiting`` saying what waits."""
+    values: dict[str, Any] = {
+        "status": TaskStatus.WAITING,
+        "waiting": waiting,
+        "attempt": Increment(-1),
+        "lease_owner": None,
+        "lease_expires_ms": None,
+        "due_ms": None,
+        "admitted_ms": None,
+    }
+    return TaskWrite(values, (("task.waiting", task_document),))

@@ -76,6 +76,12 @@ class NewTask:
     turn: int | None = None
     turn_held: bool = False
     stream: bool | None = None  # whether its model calls stream (None: the default)
+    # A sub-agent's task: the parent whose call started it, that call, its tree's root and
+    # its depth below it (shared.actions.families).
+    parent_id: str | None = None
+    parent_call_id: str | None = None
+    root_id: str | None = None
+    depth: int = 0
 
 
 def create_task(
@@ -118,6 +124,10 @@ def create_task(
         turn=spec.turn,
         turn_held=spec.turn_held,
         stream=spec.stream,
+        parent_id=spec.parent_id,
+        parent_call_id=spec.parent_call_id,
+        root_id=spec.root_id,
+        depth=spec.depth,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now
@@ -326,6 +336,26 @@ def record_decision(
         task.pending_approval = pending
     task.updated_at = utcnow()
     return _log_locked(session, task, "step.tool_call", call)
+
+
+def record_wait_settled(
+    session: Session, task: Task, settled: dict[str, Any], *, resume: bool
+) -> list[str]:
+    """A wait of ``task`` (``waiting``, locked first: :func:`lock_task`) was settled, logged as
+    ``wait.settled``; with ``resume`` (none of its waits is pending any more) the task runs
+    again, back in the backlog for the dispatcher to admit the step that commits the calls'
+    outcomes. Returns the webhook deliveries its event queued."""
+    if resume:
+        resume_waiting(session, task)
+    task.updated_at = utcnow()
+    return _log_locked(session, task, "wait.settled", settled)
+
+
+def resume_waiting(session: Session, task: Task) -> None:
+    """``waiting → running``: none of the task's waits is pending; back in the backlog."""
+    task.status, task.due_ms, task.admitted_ms = TaskStatus.RUNNING, now_ms(), None
+    task.waiting, task.updated_at = None, utcnow()
+    session.flush()
 
 
 def fail_awaiting(session: Session, task: Task, error: dict[str, Any]) -> list[str]:

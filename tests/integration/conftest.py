@@ -40,7 +40,7 @@ def drive(backend_env: dict[str, str]) -> Callable[..., str]:
                 task = session.get(Task, task_id)
                 assert task is not None
                 status, step = task.status, task.steps + 1
-            if status in TERMINAL or status == "awaiting_approval":
+            if status in TERMINAL or status in ("awaiting_approval", "waiting"):
                 return status
             advance(task_id, step)
         raise AssertionError(f"task {task_id} did not finish within {max_messages} steps")

@@ -3,17 +3,19 @@ webhooks and wake-ups sent once committed; and the writes that end a task from i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from shared import failpoints
-from shared.actions import effects
+from shared.actions import effects, waits
 from shared.errors import CancelRequested
 from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store.backends import write_session
 from shared.store.batch import Part
+from shared.store.db import get_sessionmaker
 from shared.store.step_write import (
     CANCELLED_ERROR,
     TaskWrite,
@@ -23,6 +25,8 @@ from shared.store.step_write import (
 )
 from workers import webhook_sender
 from workers.steps.context import Context, worker_id
+
+log = logging.getLogger("ratchet.step")
 
 
 class TaskEnded(Exception):
@@ -87,8 +91,27 @@ def fenced(ctx: Context) -> Iterator[Writes]:
         cancel = Writes(ctx, finish_task(TaskStatus.CANCELLED, error=CANCELLED_ERROR))
         cancel.commit()
         after_commit(ctx.task.id, cancel.deliveries, turn_ended=turn_ended(ctx))
+        family_after_end(ctx)
         raise TaskEnded from None
     after_commit(ctx.task.id, writes.deliveries, turn_ended=turn_ended(ctx))
+    if ctx.task.status in TERMINAL_STATUSES:
+        family_after_end(ctx)
+
+
+def family_after_end(ctx: Context) -> None:
+    """A task that ended settles its parent's wait on it (which resumes the parent if it was
+    its last), and cancels whatever it started that is still running. Neither may fail the
+    step: the sweeper settles what a crash here left pending."""
+    task = ctx.task
+    try:
+        with get_sessionmaker()() as session:
+            if task.parent_id is not None:
+                effects.after_commit(waits.settle_child(session, task.id), send_webhooks=send_here)
+            if any(tool.agent is not None for tool in ctx.tools.values()):
+                below = waits.cancel_tree(session, task.tenant_id, task.id)
+                effects.after_commit(below, send_webhooks=send_here)
+    except Exception:
+        log.exception("task %s ended; its family is left to the sweeper", task.id)
 
 
 def cancel(ctx: Context, *parts: Part) -> NoReturn:

@@ -22,11 +22,11 @@ from shared.context_window import Policy, policy_of
 from shared.mcp.names import is_mcp_name
 from shared.settings import get_settings
 from shared.statuses import TERMINAL_STATUSES
-from shared.store import checkpoints, ledger, summaries, threads
+from shared.store import checkpoints, ledger, summaries, threads, waits
 from shared.store.backends import write_session
 from shared.store.leases import Lease
 from shared.store.ledger import CallStatus
-from shared.store.tables import Step, Summary, Tenant, ToolCall
+from shared.store.tables import Step, Summary, Tenant, ToolCall, Wait
 from shared.views import TaskState
 from workers import step_pool, tool_runner
 from workers.providers import ModelResponse
@@ -65,6 +65,11 @@ class Context:
     outcomes: dict[str, tool_runner.Outcome] = field(default_factory=dict)
     # Calls whose ``started`` row this lease already wrote (with the model's response).
     started: set[str] = field(default_factory=set)
+    # Parked calls (workers.steps.parking): the step's waits as read, by call id; the waits
+    # this lease parked, as shown; and how many of the answer's calls start sub-agents.
+    waits: dict[str, Wait] = field(default_factory=dict)
+    parked: dict[str, dict[str, Any]] = field(default_factory=dict)
+    subagent_calls: int = 1
 
 
 def load_context(session: Session, lease: Lease) -> Context:
@@ -81,6 +86,8 @@ def load_context(session: Session, lease: Lease) -> Context:
     after = summary.through_step if summary is not None else 0
     done = [s for s in steps if after < s.number < lease.step]
     current = next((s for s in steps if s.number == lease.step), None)
+    step_calls = {c.call_id: c for c in calls if c.step_number == lease.step}
+    parked = any(c.status == CallStatus.WAITING for c in step_calls.values())
     return Context(
         lease=lease,
         task=task,
@@ -90,9 +97,10 @@ def load_context(session: Session, lease: Lease) -> Context:
         + summary_messages(summary)
         + step_messages(done, calls, tools=tools),
         step_row=current,
-        calls={c.call_id: c for c in calls if c.step_number == lease.step},
+        calls=step_calls,
         tenant_name=tenant_name(task.tenant_id, session),
         clock_ms=lease.clock_ms,
+        waits=waits.of_step(session, task.id, lease.step) if parked else {},
     )
 
 

@@ -59,6 +59,10 @@ def check_limits(ctx: Context) -> None:
         fail(ctx, "max_steps_exceeded", f"the task reached max_steps ({task.max_steps})")
     if task.deadline_ms is not None and ctx.clock_ms > task.deadline_ms:
         fail(ctx, "deadline_exceeded", "the task ran past its wall-clock deadline")
+    if task.children_input_tokens or task.children_cost_usd:  # its sub-agents spent some
+        over = budget_exceeded(task, 0, 0.0)
+        if over:
+            fail(ctx, "budget_exceeded", f"{over} (its sub-agents' usage included)")
 
 
 @dataclass(frozen=True)
@@ -318,14 +322,15 @@ def budget_before_call(task: TaskState, request: ModelRequest) -> str | None:
         return None
     output = answer_cap(request.options)
     prompt = tokens.request_tokens(replace(request, options={}), task.model, default_output=0)
-    total_tokens = task.input_tokens + task.output_tokens + prompt + output
+    children = (task.children_input_tokens or 0) + (task.children_output_tokens or 0)
+    total_tokens = task.input_tokens + task.output_tokens + children + prompt + output
     if max_tokens is not None and total_tokens > max_tokens:
         return (
             f"the next model call could take the task to {total_tokens} tokens (a prompt of "
             f"about {prompt} and up to {output} for the answer), over its budget of {max_tokens}"
         )
     cost = worst_case_cost(task.model, prompt_tokens=prompt, output_tokens=output)
-    total_cost = round(task.cost_usd + (cost or 0.0), 9)
+    total_cost = round(task.cost_usd + (task.children_cost_usd or 0.0) + (cost or 0.0), 9)
     if max_cost is not None and total_cost > max_cost:
         return (
             f"the next model call could take the task to ${total_cost:.4f} (a prompt of about "
@@ -337,11 +342,13 @@ def budget_before_call(task: TaskState, request: ModelRequest) -> str | None:
 def budget_exceeded(task: TaskState, tokens: int, cost: float) -> str | None:
     budget = task.budget or {}
     max_tokens, max_cost = budget.get("max_tokens"), budget.get("max_cost_usd")
-    total_tokens = task.input_tokens + task.output_tokens + tokens
+    # What its settled sub-agents used counts: the root's budget bounds its whole tree.
+    children = (task.children_input_tokens or 0) + (task.children_output_tokens or 0)
+    total_tokens = task.input_tokens + task.output_tokens + children + tokens
     if max_tokens is not None and total_tokens > max_tokens:
         return f"the task used {total_tokens} tokens, over its budget of {max_tokens}"
     # Rounded: costs are sums of small floats, and $0.10 + $0.20 is not over a $0.30 budget.
-    total_cost = round(task.cost_usd + cost, 9)
+    total_cost = round(task.cost_usd + (task.children_cost_usd or 0.0) + cost, 9)
     if max_cost is not None and total_cost > max_cost:
         return f"the task cost ${total_cost:.4f}, over its budget of ${max_cost}"
     return None

@@ -37,7 +37,7 @@ from shared.views import TaskState
 from workers import cancels, heartbeat
 from workers.providers import ModelResponse
 from workers.providers.base import Message
-from workers.steps import approval_waits
+from workers.steps import approval_waits, parking
 from workers.steps.commits import TaskEnded, after_commit, complete_current_step, fail, fenced
 from workers.steps.context import (
     Context,
@@ -268,6 +268,11 @@ def session_ended(exc: DBAPIError) -> bool:
     return exc.connection_invalidated or sqlstate == "25P03" or sqlstate[:2] in ("08", "57")
 
 
+def subagent(ctx: Context, name: str) -> bool:
+    tool = ctx.tools.get(name)
+    return tool is not None and tool.agent is not None
+
+
 def run_step(ctx: Context) -> bool:
     """Run ``lease.step``; return True when the task reached a terminal state."""
     lease = ctx.lease
@@ -282,16 +287,22 @@ def run_step(ctx: Context) -> bool:
         response = ModelResponse.from_dict(ctx.step_row.response)
     waiting = approval_waits.find_waiting(ctx, response)
     ready = [p for p in range(len(response.tool_calls)) if p not in waiting]
+    ctx.subagent_calls = sum(1 for c in response.tool_calls if subagent(ctx, c.name)) or 1
     completed, asked = False, frozenset[str]()
+    parked: list[str] = []
     for position in ready:  # the last commits the step's completion, unless calls wait
-        last = not waiting and position == ready[-1]
+        last = not waiting and not parked and position == ready[-1]
         try:
             completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
         except approval_waits.AskAgain as ask:  # the calls after it run once it is decided
             waiting, asked = sorted({*waiting, position}), frozenset({ask.call_id})
             break
+        except parking.Parked as park:  # the step parks once the others ran
+            parked.append(park.call_id)
     if waiting:
         approval_waits.wait(ctx, response, waiting, asked=asked)
+    if parked:
+        parking.park_task(ctx, response, parked)
     if not completed:  # resumed after the last call's outcome was already committed
         with fenced(ctx) as writes:
             writes.set(complete_current_step(ctx))

@@ -21,7 +21,7 @@ from shared.store.ledger import CallStatus
 from shared.store.step_write import finish_task, log_events
 from workers import cancels, tool_runner
 from workers.providers import ToolCallRequest
-from workers.steps import approval_waits
+from workers.steps import approval_waits, parking
 from workers.steps.commits import TaskEnded, cancel, complete_current_step, fenced
 from workers.steps.context import Context
 
@@ -48,6 +48,20 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
             return last
         call = replace(call, arguments=row.arguments)  # as approved, or as edited
         start: Part | None = ledger.start_approved_call(lease, call_id)
+    elif row is not None and row.status == CallStatus.WAITING:  # see workers.steps.parking
+        settled = parking.settled_outcome(ctx, call_id)
+        if settled is None:
+            raise parking.Parked(call_id)
+        finish = ledger.finish_waiting_call(
+            call_id,
+            status=CallStatus.SUCCEEDED if settled.ok else CallStatus.FAILED,
+            result=settled.result,
+            error=settled.error,
+        )
+        record_outcome(
+            ctx, call_id=call_id, name=call.name, outcome=settled, last=last, finish=finish
+        )
+        return last
     elif row is not None and row.status != CallStatus.STARTED:
         return False
     elif row is not None and tool is not None and not tool.idempotent:
@@ -70,6 +84,8 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
             ctx, ledger.finish_call(call_id, status=CallStatus.FAILED, result=None, error=abandoned)
         )
     failpoints.hit("after_tool")
+    if outcome.parking is not None:
+        parking.park_call(ctx, position, call, outcome.parking)
     if outcome.unknown and tool is not None and not tool.idempotent:
         # An abandoned call may still act: as after a crash, the tool's policy decides.
         why = f"{outcome.error}; it may still complete"
@@ -121,6 +137,9 @@ def invoke(
         return tool_runner.Outcome(
             ok=False, error=f"arguments are not a JSON object: {call.invalid_arguments[:200]}"
         )
+    if tool.agent is not None:  # a sub-agent: its child task, not a function, does the work
+        started: tool_runner.Outcome = parking.start_subagent(ctx, call, call_id, tool)
+        return started
     watch = cancels.current()
     context = ToolContext(
         task_id=ctx.task.id,
