@@ -22,6 +22,10 @@ POINTS = (
     "after_tool",
     "after_step_commit",
     "before_webhooks",  # a commit's webhooks are committed, not yet handed to the sender
+    "after_child_start",  # a sub-agent call's child committed, the call not yet parked
+    "after_park",  # the task parked on its waits, the ones already settled not yet looked at
+    "after_child_end",  # a child's end committed, its parent's wait not yet settled
+    "resume_parked",  # a step resumed a parked call, its outcome not yet committed
 )
 
 

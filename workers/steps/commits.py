@@ -103,6 +103,8 @@ def family_after_end(ctx: Context) -> None:
     its last), and cancels whatever it started that is still running. Neither may fail the
     step: the sweeper settles what a crash here left pending."""
     task = ctx.task
+    if task.parent_id is not None:
+        failpoints.hit("after_child_end")
     try:
         with get_sessionmaker()() as session:
             if task.parent_id is not None:

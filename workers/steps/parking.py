@@ -11,6 +11,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+from shared import failpoints
 from shared.actions import effects, families
 from shared.actions import waits as wait_actions
 from shared.agents.registry import Tool
@@ -58,6 +59,7 @@ def start_subagent(ctx: Context, call: ToolCallRequest, call_id: str, tool: Tool
     except ToolError as exc:
         return tool_runner.Outcome(ok=False, error=str(exc))
     effects.after_commit(started, send_webhooks=send_here)
+    failpoints.hit("after_child_start")
     return tool_runner.Outcome(ok=False, parking=Parking(child_id=child_id))
 
 
@@ -126,6 +128,7 @@ def park_task(ctx: Context, response: ModelResponse, call_ids: list[str]) -> NoR
     pending += [_shown(ctx, c) for c in call_ids if c not in ctx.parked]
     with fenced(ctx) as writes:
         writes.set(await_waits({"step": lease.step, "waits": pending}))
+    failpoints.hit("after_park")
     with get_sessionmaker()() as session:
         resumed = wait_actions.after_parking(session, lease.task_id)
     effects.after_commit(resumed, send_webhooks=send_here)

@@ -52,6 +52,7 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         settled = parking.settled_outcome(ctx, call_id)
         if settled is None:
             raise parking.Parked(call_id)
+        failpoints.hit("resume_parked")
         finish = ledger.finish_waiting_call(
             call_id,
             status=CallStatus.SUCCEEDED if settled.ok else CallStatus.FAILED,
