@@ -189,11 +189,32 @@ def await_ci(run: str, context: ToolContext) -> str:
     )  # type: ignore[arg-type]
 
 
+# A sub-agent whose one model call takes half a second: slow next to a parent's turn.
+register_agent(
+    Agent(
+        name="napper",
+        description="Answers after a pause.",
+        system_prompt="You take a moment.",
+        model="scripted",
+        model_options={"script": [{"content": "rested", "delay_ms": 500}]},
+        tools=(),
+    )
+)
+
+
 register_agent(
     Agent(
         name="lead",
         description="Hands research to sub-agents and waits on CI.",
         system_prompt="You delegate.",
-        tools=("researcher", "slow_researcher", "lead", "calculator", "await_ci", "ask_user"),
+        tools=(
+            "researcher",
+            "slow_researcher",
+            "napper",
+            "lead",
+            "calculator",
+            "await_ci",
+            "ask_user",
+        ),
     )
 )
