@@ -23,6 +23,7 @@ from benchmarks import (
     streaming,
     submissions,
     throughput,
+    waits,
     walk,
 )
 
@@ -66,6 +67,7 @@ app.command("walk")(walk.walk)
 app.command("context")(context.context)
 app.command("latency")(latency.latency)
 app.command("stream")(streaming.stream)
+app.command("waits")(waits.waits)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",

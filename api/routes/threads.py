@@ -240,10 +240,12 @@ async def run_turn(
     ] = None,
 ) -> Any:
     """A turn: a task whose conversation is the thread's history and ``input``, the new
-    message. Answers at once with the queued task (``thread_id``, ``turn``). Needs the
+    message. Answers at once with the queued task (``thread_id``, ``turn``). When the turn
+    in flight asked the person a question (``ask_user``), the message is its answer instead:
+    no new turn, and the answer is the turn in flight, which runs on. Needs the
     ``tasks:write`` scope."""
     done = await with_connection(request, _run_turn, principal, thread_id, body, idempotency_key)
-    if not done.created:
+    if not done.created and not done.answered:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/tasks/{done.task.id}"
     return task_view(done.task)
@@ -283,6 +285,7 @@ def _run_turn(principal: Principal, thread_id: str, body: TurnCreate, key: str |
     )
     if done.created:
         metrics.tasks_submitted.inc()
+    if done.created or done.answered:
         after_commit(done.effects)
     return done
 

@@ -33,6 +33,9 @@ class Submitted:
     task: Task
     created: bool
     effects: Effects = NONE
+    # A thread's message that answered the question its turn in flight asked (``ask_user``):
+    # no new turn; ``task`` is that turn, which runs on.
+    answered: bool = False
 
 
 def submit(

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from shared.actions import waits
 from shared.actions.effects import NONE, Effects, of_task
 from shared.actions.tasks import Submitted, direct, replay
 from shared.agents.registry import get_agent
@@ -71,6 +72,9 @@ def run_turn(
     locked first, so turns sent at once are numbered and held one after the other."""
     admitted = False
     with get_sessionmaker()() as session:
+        answered = answer_question(session, tenant_id, thread_id, spec.input)
+        if answered is not None:
+            return answered
         try:
             with session.begin():
                 existing = idempotency_key and tasks.find_by_idempotency_key(
@@ -107,6 +111,35 @@ def run_turn(
         finally:
             if admitted:  # the slot it took from the gate: committed, or not at all
                 gate.land_slot()
+
+
+def answer_question(
+    session: Session, tenant_id: str, thread_id: str, message: Any
+) -> Submitted | None:
+    """The thread's next message, when its turn in flight waits on ``ask_user``: it is the
+    answer (the call's result), and that turn runs on; no new turn is made. None when no
+    question waits (or another answer got there first): the message is a turn of its own."""
+    with session.begin():
+        token = waits.open_question(session, thread_id)
+    if token is None:
+        return None
+    text = message if isinstance(message, str) else _last_user_text(message)
+    try:
+        wait, effects = waits.complete(
+            session, token, text, tenant_id=tenant_id, by="the thread's next message"
+        )
+    except (Conflict, NotFound):
+        return None
+    with session.begin():
+        turn = tasks.get_task(session, tenant_id, wait.task_id)
+    return Submitted(turn, created=False, effects=effects, answered=True)
+
+
+def _last_user_text(messages: Any) -> Any:
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message.get("content")
+    return messages
 
 
 def _make_room(

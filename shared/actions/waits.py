@@ -24,7 +24,7 @@ from shared.errors import Conflict, NotFound
 from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store import families, tasks
 from shared.store import waits as store
-from shared.store.tables import Task, Wait
+from shared.store.tables import Task, ToolCall, Wait
 from shared.store.waits import WaitStatus
 
 log = logging.getLogger("ratchet.waits")
@@ -51,6 +51,23 @@ def complete(
         deliveries, resumed = _logged(session, task, wait)
         session.refresh(wait)
     return wait, of_task(task.id, deliveries, wake=resumed) if deliveries else NONE
+
+
+def open_question(session: Session, thread_id: str) -> str | None:
+    """The token of an ``ask_user`` call the thread's turn in flight waits on, if one does."""
+    return session.scalar(
+        select(Wait.token)
+        .join(Task, Task.id == Wait.task_id)
+        .join(ToolCall, (ToolCall.task_id == Wait.task_id) & (ToolCall.call_id == Wait.call_id))
+        .where(
+            Task.thread_id == thread_id,
+            Task.status.in_([TaskStatus.WAITING, TaskStatus.RUNNING]),
+            Wait.status == WaitStatus.PENDING,
+            Wait.kind == "token",
+            ToolCall.tool == "ask_user",
+        )
+        .limit(1)
+    )
 
 
 def settle_child(session: Session, child_id: str) -> Effects:

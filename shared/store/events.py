@@ -23,6 +23,8 @@ EventType = Literal[
     "step.tool_call",
     "step.completed",
     "task.awaiting_approval",
+    "task.waiting",
+    "wait.settled",
     "task.succeeded",
     "task.failed",
     "task.cancelled",

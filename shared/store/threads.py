@@ -45,11 +45,11 @@ from shared.store.tables import Step, Task, Thread, ToolCall, utcnow
 
 # The thread's status as its latest turn leaves it (no turn yet: idle).
 IDLE, BUSY, ERROR = "idle", "busy", "error"
-_STATUS_OF_TURN = {
+_STATUS_OF_TURN: dict[str, str] = {
     TaskStatus.QUEUED: BUSY,
     TaskStatus.RUNNING: BUSY,
     TaskStatus.AWAITING_APPROVAL: "awaiting_approval",
-    "waiting": "waiting",
+    TaskStatus.WAITING: "waiting",
     TaskStatus.FAILED: ERROR,
     TaskStatus.SUCCEEDED: IDLE,
     TaskStatus.CANCELLED: IDLE,

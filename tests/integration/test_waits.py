@@ -212,3 +212,35 @@ def test_ask_user_asks_the_person_and_the_answer_is_the_result(
         "tool_calls"
     ]
     assert call["result"] == "eu-west-1"
+
+
+def test_in_a_thread_the_next_message_answers_the_question_its_turn_asked(
+    client: TestClient, tenant: TenantHandle, drive: Callable[..., str]
+) -> None:
+    made = client.post("/v1/threads", json={"agent": "default"}, headers=tenant.headers)
+    assert made.status_code == 201, made.text
+    thread_id = made.json()["id"]
+    ask = tool_turn("ask_user", question="Staging or production?")
+    first = {
+        "input": "deploy the release",
+        "model": "scripted",
+        "model_options": {"script": [ask, {"content": "deployed to staging"}]},
+    }
+    turn = client.post(f"/v1/threads/{thread_id}/runs", json=first, headers=tenant.headers)
+    assert turn.status_code == 202, turn.text
+    assert drive(turn.json()["id"]) == "waiting"
+    thread = client.get(f"/v1/threads/{thread_id}", headers=tenant.headers).json()
+    assert thread["status"] == "waiting"
+    reply = client.post(
+        f"/v1/threads/{thread_id}/runs", json={"input": "staging"}, headers=tenant.headers
+    )
+    assert reply.status_code == 202, reply.text
+    assert reply.json()["id"] == turn.json()["id"]  # the answer, not a turn of its own
+    assert "Idempotent-Replayed" not in reply.headers
+    assert drive(turn.json()["id"]) == "succeeded"
+    (call,) = client.get(f"/v1/tasks/{turn.json()['id']}/steps", headers=tenant.headers).json()[
+        "items"
+    ][0]["tool_calls"]
+    assert call["result"] == "staging"
+    with transaction() as session:
+        assert session.query(Task).filter_by(thread_id=thread_id).count() == 1
