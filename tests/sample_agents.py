@@ -164,13 +164,16 @@ register_agent(
     )
 )
 
+# Long enough to be caught running; a test that waits for it to end takes this long.
+SLOW_RESEARCH_MS = int(os.environ.get("RATCHET_TEST_SLOW_RESEARCH_MS", "1500"))
+
 register_agent(
     Agent(
         name="slow_researcher",
         description="Researches slowly.",
         system_prompt="You take your time.",
         model="scripted",
-        model_options={"script": [{"content": "slowly researched", "delay_ms": 1500}]},
+        model_options={"script": [{"content": "slowly researched", "delay_ms": SLOW_RESEARCH_MS}]},
         tools=(),
     )
 )
@@ -202,6 +205,29 @@ register_agent(
 )
 
 
+# A middle manager: hands two slow researches on (so a lead's tree has grandchildren).
+register_agent(
+    Agent(
+        name="manager",
+        description="Splits the work between two slow researchers.",
+        system_prompt="You split the work.",
+        model="scripted",
+        model_options={
+            "script": [
+                {
+                    "tool_calls": [
+                        {"name": "slow_researcher", "arguments": {"task": "half one"}},
+                        {"name": "slow_researcher", "arguments": {"task": "half two"}},
+                    ]
+                },
+                {"content": "both halves researched"},
+            ]
+        },
+        tools=("slow_researcher",),
+    )
+)
+
+
 register_agent(
     Agent(
         name="lead",
@@ -211,6 +237,7 @@ register_agent(
             "researcher",
             "slow_researcher",
             "napper",
+            "manager",
             "lead",
             "calculator",
             "await_ci",

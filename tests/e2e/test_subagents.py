@@ -118,3 +118,33 @@ def test_kill_while_the_children_run(stack: StackFactory, tenant: TenantHandle) 
         fleet.start_worker()
         (parent,) = wait_all(http, None, [parent_id], timeout=120).values()
         check_family(http, parent, result="slowly researched")
+
+
+def test_cancelling_the_root_cancels_running_grandchildren_within_their_step(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    # The grandchildren's model calls take a minute: only a cancel ends them in time.
+    env = {**FAST, "RATCHET_TEST_SLOW_RESEARCH_MS": "60000"}
+    fleet = stack(workers=1, concurrency=4, env=env)
+    body = scripted_task(
+        [{"tool_calls": [{"name": "manager", "arguments": {"task": "research it"}}]}],
+        agent="lead",
+    )
+    with fleet.client(headers=tenant.headers) as http:
+        root = http.post("/v1/tasks", json=body).json()["id"]
+        deadline = time.monotonic() + 60
+        while True:
+            middle = children(http, root)
+            below = children(http, middle[0]["id"]) if middle else []
+            if len(below) == 2 and all(g["status"] == "running" for g in below):
+                break
+            assert time.monotonic() < deadline, (middle, below)
+            time.sleep(0.05)
+        cancelled = http.post(f"/v1/tasks/{root}/cancel")
+        assert cancelled.status_code == 202, cancelled.text
+        tree = [root, middle[0]["id"], *(g["id"] for g in below)]
+        ended = wait_all(http, None, tree, timeout=30)  # far sooner than their minute
+    assert {t["status"] for t in ended.values()} == {"cancelled"}, ended
+    for grandchild in below:
+        assert ended[grandchild["id"]]["steps"] == 0  # stopped in its first step
+        assert ended[grandchild["id"]]["root_id"] == root

@@ -71,6 +71,8 @@ def park_call(ctx: Context, position: int, call: ToolCallRequest, parking: Parki
     if parking.kind == "token":
         seconds = parking.timeout_seconds or settings.wait_timeout_seconds
         deadline_ms = ctx.clock_ms + int(seconds * 1000)
+        if ctx.task.deadline_ms is not None:  # the task's own deadline runs while it waits
+            deadline_ms = min(deadline_ms, ctx.task.deadline_ms)
     on_timeout = parking.on_timeout or settings.wait_on_timeout
     token = store.new_token()
     row = store.park(
