@@ -68,7 +68,7 @@ TOOL_FIELDS = (
     "max_result_chars",
 )
 AGENT_NOT_PINNED = ("description",)
-TOOL_CODE = ("func", "arguments_model", "wants_context")
+TOOL_CODE = ("func", "arguments_model", "wants_context", "agent")
 # ``requires_approval`` as a version stores a predicate over the arguments: the predicate
 # itself is code, and runs as the worker's deployment has it.
 PREDICATE = "predicate"

@@ -72,6 +72,13 @@ _DEFAULTS: dict[str, Any] = {
     "turn_held": False,
     "rolled_back": False,
     "stream": None,
+    "parent_id": None,
+    "parent_call_id": None,
+    "root_id": None,
+    "depth": 0,
+    "children_input_tokens": 0,
+    "children_output_tokens": 0,
+    "children_cost_usd": 0.0,
 }
 
 

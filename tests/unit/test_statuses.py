@@ -11,14 +11,16 @@ from shared.statuses import RUNNABLE_STATUSES, TERMINAL_STATUSES, Decision, Task
 from shared.store.checkpoints import StepStatus
 from shared.store.ledger import CallStatus
 from shared.store.outbox import DeliveryStatus
+from shared.store.waits import WaitStatus
 from shared.webhooks.circuits import CircuitState
 
 VOCABULARIES: list[tuple[type[StrEnum], list[str]]] = [
     (
         TaskStatus,
-        ["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"],
+        ["queued", "running", "awaiting_approval", "waiting", "succeeded", "failed", "cancelled"],
     ),
-    (CallStatus, ["started", "awaiting", "succeeded", "failed"]),
+    (CallStatus, ["started", "awaiting", "waiting", "succeeded", "failed"]),
+    (WaitStatus, ["pending", "completed", "failed", "expired", "cancelled"]),
     (DeliveryStatus, ["pending", "sending", "delivered", "failed", "disabled"]),
     (CircuitState, ["closed", "open", "half_open"]),
     (Decision, ["approve", "edit", "reject"]),

@@ -49,20 +49,7 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         call = replace(call, arguments=row.arguments)  # as approved, or as edited
         start: Part | None = ledger.start_approved_call(lease, call_id)
     elif row is not None and row.status == CallStatus.WAITING:  # see workers.steps.parking
-        settled = parking.settled_outcome(ctx, call_id)
-        if settled is None:
-            raise parking.Parked(call_id)
-        failpoints.hit("resume_parked")
-        finish = ledger.finish_waiting_call(
-            call_id,
-            status=CallStatus.SUCCEEDED if settled.ok else CallStatus.FAILED,
-            result=settled.result,
-            error=settled.error,
-        )
-        record_outcome(
-            ctx, call_id=call_id, name=call.name, outcome=settled, last=last, finish=finish
-        )
-        return last
+        return resume_parked(ctx, call_id, call, last=last)
     elif row is not None and row.status != CallStatus.STARTED:
         return False
     elif row is not None and tool is not None and not tool.idempotent:
@@ -92,6 +79,23 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
         why = f"{outcome.error}; it may still complete"
         return resolve_unknown_outcome(ctx, tool, call_id, why=why, last=last)
     record_outcome(ctx, call_id=call_id, name=call.name, outcome=outcome, last=last)
+    return last
+
+
+def resume_parked(ctx: Context, call_id: str, call: ToolCallRequest, *, last: bool) -> bool:
+    """A parked call: its outcome from its settled wait, committed (with the step's
+    completion if ``last``); Parked while its wait is pending."""
+    settled = parking.settled_outcome(ctx, call_id)
+    if settled is None:
+        raise parking.Parked(call_id)
+    failpoints.hit("resume_parked")
+    finish = ledger.finish_waiting_call(
+        call_id,
+        status=CallStatus.SUCCEEDED if settled.ok else CallStatus.FAILED,
+        result=settled.result,
+        error=settled.error,
+    )
+    record_outcome(ctx, call_id=call_id, name=call.name, outcome=settled, last=last, finish=finish)
     return last
 
 
