@@ -65,6 +65,9 @@ class Context:
     outcomes: dict[str, tool_runner.Outcome] = field(default_factory=dict)
     # Calls whose ``started`` row this lease already wrote (with the model's response).
     started: set[str] = field(default_factory=set)
+    # Held by each write while it reads ``task`` and moves it on: a step's calls may run at
+    # once (workers.steps.fan_out), and their writes then take turns.
+    writing: threading.Lock = field(default_factory=threading.Lock)
 
 
 def load_context(session: Session, lease: Lease) -> Context:

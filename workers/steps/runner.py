@@ -9,6 +9,8 @@ Write transactions per step: the lease; the model response (which, for a final a
 ends the task); and per tool call its ``started`` row and its outcome — the last outcome
 commits together with the step's completion, which, when the same thread goes on with the
 task, also leases the next step (so a step that follows another takes no lease of its own).
+Calls of one answer that may run together run at once (``workers.steps.fan_out``); then
+each outcome commits alone, and the completion is a write of its own once all are settled.
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from shared.queue import enqueue_step
 from shared.ratelimit.buckets import LimiterUnavailable
 from shared.settings import get_settings
 from shared.statuses import TERMINAL_STATUSES
-from shared.store import checkpoints, leases
+from shared.store import checkpoints, leases, ledger
 from shared.store.backends import write_session
 from shared.store.leases import Lease, LeaseRefused
 from shared.views import TaskState
 from workers import cancels, heartbeat
 from workers.providers import ModelResponse
 from workers.providers.base import Message
-from workers.steps import approval_waits
+from workers.steps import approval_waits, fan_out
 from workers.steps.commits import TaskEnded, after_commit, complete_current_step, fail, fenced
 from workers.steps.context import (
     Context,
@@ -283,13 +285,18 @@ def run_step(ctx: Context) -> bool:
     waiting = approval_waits.find_waiting(ctx, response)
     ready = [p for p in range(len(response.tool_calls)) if p not in waiting]
     completed, asked = False, frozenset[str]()
-    for position in ready:  # the last commits the step's completion, unless calls wait
-        last = not waiting and position == ready[-1]
-        try:
-            completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
-        except approval_waits.AskAgain as ask:  # the calls after it run once it is decided
-            waiting, asked = sorted({*waiting, position}), frozenset({ask.call_id})
-            break
+    if len(ready) > 1 and get_settings().tool_concurrency > 1:  # at once, each committed alone
+        again = fan_out.run_calls(ctx, response, ready)
+        waiting = sorted({*waiting, *again})
+        asked = frozenset(ledger.call_id(lease.step, p) for p in again)
+    else:
+        for position in ready:  # the last commits the step's completion, unless calls wait
+            last = not waiting and position == ready[-1]
+            try:
+                completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
+            except approval_waits.AskAgain as ask:  # the calls after it run once it is decided
+                waiting, asked = sorted({*waiting, position}), frozenset({ask.call_id})
+                break
     if waiting:
         approval_waits.wait(ctx, response, waiting, asked=asked)
     if not completed:  # resumed after the last call's outcome was already committed
