@@ -20,6 +20,7 @@ from benchmarks import (
     limiter,
     mcp,
     neighbours,
+    parallel_tools,
     streaming,
     submissions,
     throughput,
@@ -66,6 +67,7 @@ app.command("walk")(walk.walk)
 app.command("context")(context.context)
 app.command("latency")(latency.latency)
 app.command("stream")(streaming.stream)
+app.command("parallel-tools")(parallel_tools.parallel_tools)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",
