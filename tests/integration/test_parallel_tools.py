@@ -31,7 +31,7 @@ from tests.integration.test_durability import ledger_rows, submit, task_row
 from workers.steps import runner
 from workers.steps.context import step_messages
 
-pytestmark = pytest.mark.backends("postgresql")
+pytestmark = pytest.mark.backends("postgresql", "sqlite")
 
 LIMIT = 30.0  # seconds: how long anything here may take before the test fails, not hangs
 
@@ -120,8 +120,13 @@ def test_no_more_than_tool_concurrency_calls_run_at_once(
 
 
 def test_a_cancel_while_the_calls_run_ends_the_task_once(
-    client: TestClient, tenant: TenantHandle, caplog: pytest.LogCaptureFixture
+    client: TestClient,
+    tenant: TenantHandle,
+    configure: Configure,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # Short leases: were the cancel's wake-up lost, the heartbeat would see it within 0.3 s.
+    configure(RATCHET_LEASE_TTL_SECONDS="0.9")
     sleeps = [("sleep", {"seconds": 120}) for _ in range(3)]
     task_id = submit(client, tenant, scripted_task([calls_turn(*sleeps)], agent="crew"))
     step = threading.Thread(target=runner.advance, args=(task_id, 1), daemon=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
 
 from shared import failpoints
 from shared.settings import get_settings
@@ -41,14 +41,33 @@ def run_calls(ctx: Context, response: ModelResponse, positions: list[int]) -> li
     """
     stop = threading.Event()
     turns = step_pool.held()
-    threads = min(len(positions), get_settings().tool_concurrency)
+    # Each call in a copy of the step's context variables, as taken here, on the step's thread.
+    todo = deque((p, contextvars.copy_context()) for p in positions)
+    errors: dict[int, BaseException] = {}
+
+    def take_calls() -> None:
+        while todo:
+            try:
+                position, context = todo.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            try:
+                context.run(_run_call, ctx, response, position, turns, stop)
+            except BaseException as exc:  # handed over to the step's thread
+                errors[position] = exc
+
+    # Daemon threads, as the step's own: a process that exits does not wait for them.
+    threads = [
+        threading.Thread(target=take_calls, name=f"fan-out-{n}", daemon=True)
+        for n in range(min(len(positions), get_settings().tool_concurrency))
+    ]
     # The step's thread waits without its turn: its calls take turns of their own.
-    with step_pool.waiting(), ThreadPoolExecutor(threads, "fan-out") as pool:
-        runs = [
-            pool.submit(contextvars.copy_context().run, _run_call, ctx, response, p, turns, stop)
-            for p in positions
-        ]
-    return _settle(positions, runs)
+    with step_pool.waiting():
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return _settle(positions, errors)
 
 
 def _run_call(
@@ -72,11 +91,11 @@ def _run_call(
             failpoints.hit("after_call_commit")
 
 
-def _settle(positions: list[int], runs: list[Future[None]]) -> list[int]:
-    errors = [run.exception() for run in runs]
-    if any(isinstance(error, TaskEnded) for error in errors):
+def _settle(positions: list[int], errors: dict[int, BaseException]) -> list[int]:
+    if any(isinstance(error, TaskEnded) for error in errors.values()):
         raise TaskEnded
-    for error in errors:
+    for position in positions:
+        error = errors.get(position)
         if error is not None and not isinstance(error, approval_waits.AskAgain):
             raise error
-    return [p for p, error in zip(positions, errors, strict=True) if error is not None]
+    return [p for p in positions if p in errors]
