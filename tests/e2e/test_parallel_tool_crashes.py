@@ -15,7 +15,9 @@ from tests.e2e.test_crashes import FAST, check_no_duplicates, pool_pids, submit_
 from tests.e2e.util import wait_all
 from tests.helpers import scripted_task
 
-SLOW_SECONDS = 5.0  # far longer than the fast call and its commit; cut short by the kill
+# The fast call takes long enough for the slow ones to have started beside it (their rows
+# and first runs written) when its outcome commits; they are still running at the kill.
+FAST_SECONDS, SLOW_SECONDS = 1.0, 6.0
 
 
 def test_a_kill_after_the_first_parallel_outcome_runs_no_committed_call_again(
@@ -31,7 +33,7 @@ def test_a_kill_after_the_first_parallel_outcome_runs_no_committed_call_again(
     fleet = stack(workers=2, concurrency=1, env=env)
     started = pool_pids(fleet)
     calls = [
-        {"name": "upsert_slowly", "arguments": {"key": "fast", "seconds": 0}},
+        {"name": "upsert_slowly", "arguments": {"key": "fast", "seconds": FAST_SECONDS}},
         {"name": "upsert_slowly", "arguments": {"key": "slow-1", "seconds": SLOW_SECONDS}},
         {"name": "upsert_slowly", "arguments": {"key": "slow-2", "seconds": SLOW_SECONDS}},
     ]
