@@ -20,6 +20,7 @@ from benchmarks import (
     limiter,
     mcp,
     neighbours,
+    parallel_tools,
     streaming,
     submissions,
     throughput,
@@ -68,6 +69,7 @@ app.command("context")(context.context)
 app.command("latency")(latency.latency)
 app.command("stream")(streaming.stream)
 app.command("waits")(waits.waits)
+app.command("parallel-tools")(parallel_tools.parallel_tools)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",

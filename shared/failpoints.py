@@ -20,6 +20,7 @@ POINTS = (
     "after_model_commit",
     "tool_call",
     "after_tool",
+    "after_call_commit",  # one of a step's calls that run at once committed its outcome
     "after_step_commit",
     "before_webhooks",  # a commit's webhooks are committed, not yet handed to the sender
     "after_child_start",  # a sub-agent call's child committed, the call not yet parked

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ratchet import Agent, ToolContext, register_agent, tool
@@ -226,6 +228,63 @@ register_agent(
         tools=("slow_researcher",),
     )
 )
+# Calls of one answer that run at once (workers.steps.fan_out). ``meet`` waits until
+# ``parties`` calls of its group run together, so calls of a group that all return ok ran at
+# once; each group keeps what it saw, for its test to read (steps run in the test's process).
+MEET_LIMIT_SECONDS = 30.0
+
+
+@dataclass
+class Meeting:
+    """One group of ``meet`` calls: ``seen`` lists ("start" | "end", call) in order."""
+
+    parties: int
+    barrier: threading.Barrier
+    running: int = 0
+    peak: int = 0
+    seen: list[tuple[str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_meetings: dict[str, Meeting] = {}
+_meetings_lock = threading.Lock()
+
+
+def meeting(group: str, parties: int = 0) -> Meeting:
+    """The calls of ``group`` so far (made on first use, with the calls' ``parties``)."""
+    with _meetings_lock:
+        if group not in _meetings:
+            _meetings[group] = Meeting(parties, threading.Barrier(parties or 1))
+        return _meetings[group]
+
+
+@tool(idempotent=True)
+def meet(group: str, parties: int, context: ToolContext, hold: float = 0.0) -> str:
+    """Wait until ``parties`` calls of ``group`` run at once (at most 30 s), then ``hold``
+    seconds more (in which a call that should not run yet, were it running, is counted)."""
+    found = meeting(group, parties)
+    with found.lock:
+        found.running += 1
+        found.peak = max(found.peak, found.running)
+        found.seen.append(("start", context.call_id))
+    try:
+        found.barrier.wait(MEET_LIMIT_SECONDS)
+        context.cancelled.wait(hold)
+    finally:
+        with found.lock:
+            found.running -= 1
+            found.seen.append(("end", context.call_id))
+    return f"met in {group}"
+
+
+@tool(idempotent=True)
+def upsert_slowly(key: str, seconds: float, context: ToolContext) -> str:
+    """Write a record by key, taking ``seconds`` (idempotent; each run is journaled as it
+    starts, so a run cut short by a kill is counted too)."""
+    journal = _journal()
+    _record("upsert_slowly", context, journal)
+    context.cancelled.wait(seconds)
+    return f"stored {key}"
 
 
 register_agent(
@@ -242,6 +301,24 @@ register_agent(
             "calculator",
             "await_ci",
             "ask_user",
+        ),
+    )
+)
+
+
+register_agent(
+    Agent(
+        name="crew",
+        description="Test agent whose answers ask for several calls at once.",
+        system_prompt="You do several things at once.",
+        tools=(
+            "meet",
+            "upsert_record",
+            "upsert_slowly",
+            "sleep",
+            "send_email",
+            "slow_send",
+            "slow_ship",
         ),
     )
 )

@@ -123,6 +123,29 @@ def waiting() -> Iterator[None]:
         _holding.turns = turns
 
 
+def held() -> Turns | None:
+    """The turns this thread takes one of, if it runs a step: its helpers take theirs from
+    the same (:func:`turn_of`)."""
+    return getattr(_holding, "turns", None)
+
+
+@contextmanager
+def turn_of(turns: Turns | None) -> Iterator[None]:
+    """Run the block in a turn of ``turns``, as a step's own thread runs, giving it up while
+    it waits on a call (:func:`waiting`): a thread that runs part of a step for it (one of
+    its tool calls). Without turns (a step run outside the pool), the block just runs."""
+    if turns is None:
+        yield
+        return
+    turns.take()
+    _holding.turns = turns
+    try:
+        yield
+    finally:
+        _holding.turns = None
+        turns.give()
+
+
 class StepPool:
     """A fixed set of threads, started with it; :meth:`run` waits for a free one, then hands
     the work over. The work runs in turns (:class:`Turns`): ``turns`` at a time."""

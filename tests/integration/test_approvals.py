@@ -368,8 +368,15 @@ def test_a_crash_mid_call_of_an_ask_tool_asks_a_person_whether_to_run_it_again(
 
 
 def test_an_abandoned_call_of_an_ask_tool_waits_for_a_person_and_the_rest_run_after(
-    client: TestClient, tenant: TenantHandle, drive: Callable[..., str], journal: Path
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    journal: Path,
+    configure: Configure,
 ) -> None:
+    # The calls one after the other: those after the abandoned one wait for the decision.
+    # (Run at once, they run beside it: tests/integration/test_parallel_tools.py.)
+    configure(RATCHET_TOOL_CONCURRENCY="1")
     turn = {
         "tool_calls": [
             {"name": "slow_ship", "arguments": {"seconds": 0.01}},

@@ -105,6 +105,25 @@ def test_a_task_is_one_trace_with_a_span_per_step_and_per_call(
     assert all(t.attributes and t.attributes["gen_ai.tool.name"] == "calculator" for t in tools)
 
 
+def test_calls_that_run_at_once_are_each_a_span_of_their_step(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    spans: Callable[[str], list[ReadableSpan]],
+) -> None:
+    calls = [{"name": "calculator", "arguments": {"expression": f"{n}*7"}} for n in range(3)]
+    task_id = submit(client, tenant, scripted_task([{"tool_calls": calls}, {"content": "ok"}]))
+    assert drive(task_id) == "succeeded"
+    found = spans(task_id)
+
+    [first, _] = named(found, "ratchet.step")
+    assert first.context is not None
+    tools = named(found, "execute_tool calculator")
+    # Each ran on a thread of its own, in the step's context: its span is the step's child.
+    assert [parent_id(t) for t in tools] == [first.context.span_id] * 3
+    assert len({t.context.span_id for t in tools if t.context is not None}) == 3
+
+
 def test_a_failed_task_ends_its_trace_with_an_error(
     client: TestClient,
     tenant: TenantHandle,

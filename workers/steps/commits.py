@@ -71,11 +71,21 @@ class Writes:
         self.parts += parts
 
     def commit(self) -> None:
-        with write_session() as session:
-            written = write(
-                session, self.ctx.lease, task=self.ctx.task, change=self.change, parts=self.parts
-            )
-        self.ctx.task, self.deliveries = written.task, written.deliveries
+        """Make the write, on the task as the step's last write left it. Once the task has
+        ended (a call that runs beside this one ended it: workers.steps.fan_out) there is
+        nothing more to write: raises TaskEnded."""
+        with self.ctx.writing:
+            if self.ctx.task.status in TERMINAL_STATUSES:
+                raise TaskEnded
+            with write_session() as session:
+                written = write(
+                    session,
+                    self.ctx.lease,
+                    task=self.ctx.task,
+                    change=self.change,
+                    parts=self.parts,
+                )
+            self.ctx.task, self.deliveries = written.task, written.deliveries
 
 
 @contextmanager

@@ -70,6 +70,9 @@ class Context:
     waits: dict[str, Wait] = field(default_factory=dict)
     parked: dict[str, dict[str, Any]] = field(default_factory=dict)
     subagent_calls: int = 1
+    # Held by each write while it reads ``task`` and moves it on: a step's calls may run at
+    # once (workers.steps.fan_out), and their writes then take turns.
+    writing: threading.Lock = field(default_factory=threading.Lock)
 
 
 def load_context(session: Session, lease: Lease) -> Context:

@@ -9,6 +9,8 @@ Write transactions per step: the lease; the model response (which, for a final a
 ends the task); and per tool call its ``started`` row and its outcome — the last outcome
 commits together with the step's completion, which, when the same thread goes on with the
 task, also leases the next step (so a step that follows another takes no lease of its own).
+Calls of one answer that may run together run at once (``workers.steps.fan_out``); then
+each outcome commits alone, and the completion is a write of its own once all are settled.
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from shared.queue import enqueue_step
 from shared.ratelimit.buckets import LimiterUnavailable
 from shared.settings import get_settings
 from shared.statuses import TERMINAL_STATUSES
-from shared.store import checkpoints, leases
+from shared.store import checkpoints, leases, ledger
 from shared.store.backends import write_session
 from shared.store.leases import Lease, LeaseRefused
 from shared.views import TaskState
 from workers import cancels, heartbeat
 from workers.providers import ModelResponse
 from workers.providers.base import Message
-from workers.steps import approval_waits, parking
+from workers.steps import approval_waits, fan_out, parking
 from workers.steps.commits import TaskEnded, after_commit, complete_current_step, fail, fenced
 from workers.steps.context import (
     Context,
@@ -268,6 +270,30 @@ def session_ended(exc: DBAPIError) -> bool:
     return exc.connection_invalidated or sqlstate == "25P03" or sqlstate[:2] in ("08", "57")
 
 
+def run_calls(
+    ctx: Context, response: ModelResponse, waiting: list[int]
+) -> tuple[bool, list[int], frozenset[str], list[str]]:
+    """Run the calls that need no decision: at once when there are several (each outcome
+    committed alone), else one after the other, the last committing the step's completion
+    unless calls wait. Returns whether the completion was committed; the positions waiting
+    for a person and the calls among them asked again; the calls parked on waits."""
+    ready = [p for p in range(len(response.tool_calls)) if p not in waiting]
+    if len(ready) > 1 and get_settings().tool_concurrency > 1:
+        again, parked = fan_out.run_calls(ctx, response, ready)
+        asked = frozenset(ledger.call_id(ctx.lease.step, p) for p in again)
+        return False, sorted({*waiting, *again}), asked, parked
+    completed, asked, parked = False, frozenset[str](), []
+    for position in ready:
+        last = not waiting and not parked and position == ready[-1]
+        try:
+            completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
+        except approval_waits.AskAgain as ask:  # the calls after it run once it is decided
+            return completed, sorted({*waiting, position}), frozenset({ask.call_id}), parked
+        except parking.Parked as park:  # the step parks once the others ran
+            parked.append(park.call_id)
+    return completed, waiting, asked, parked
+
+
 def subagent(ctx: Context, name: str) -> bool:
     tool = ctx.tools.get(name)
     return tool is not None and tool.agent is not None
@@ -286,19 +312,8 @@ def run_step(ctx: Context) -> bool:
     else:
         response = ModelResponse.from_dict(ctx.step_row.response)
     waiting = approval_waits.find_waiting(ctx, response)
-    ready = [p for p in range(len(response.tool_calls)) if p not in waiting]
     ctx.subagent_calls = sum(1 for c in response.tool_calls if subagent(ctx, c.name)) or 1
-    completed, asked = False, frozenset[str]()
-    parked: list[str] = []
-    for position in ready:  # the last commits the step's completion, unless calls wait
-        last = not waiting and not parked and position == ready[-1]
-        try:
-            completed = run_tool_call(ctx, position, response.tool_calls[position], last=last)
-        except approval_waits.AskAgain as ask:  # the calls after it run once it is decided
-            waiting, asked = sorted({*waiting, position}), frozenset({ask.call_id})
-            break
-        except parking.Parked as park:  # the step parks once the others ran
-            parked.append(park.call_id)
+    completed, waiting, asked, parked = run_calls(ctx, response, waiting)
     if waiting:
         approval_waits.wait(ctx, response, waiting, asked=asked)
     if parked:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from workers import cancels
+from workers import cancels, step_pool
 from workers.step_pool import StepPool, Turns
 
 WAIT = 30.0  # a bound for the test to fail rather than hang; never reached when it passes
@@ -127,6 +127,47 @@ def test_steps_run_in_turns_and_a_step_waiting_on_a_call_gives_its_turn_up() -> 
     assert pool.drain(WAIT) == 0
     assert len(done) == 6  # every step got past the barrier: all six waited at once
     assert most[0] == 2
+
+
+def test_a_step_s_helper_threads_run_in_turns_of_its_pool() -> None:
+    """One turn: a step waiting for two threads that run parts of it (its tool calls at
+    once) gives its turn up; each helper runs its own code in a turn of the same pool, one at
+    a time, and gives it up while it waits on a call, so both wait at once."""
+    pool, lock = StepPool(2, turns=1), threading.Lock()
+    running, most, held, done = [0], [0], [], []
+    both_waiting = threading.Barrier(2, timeout=WAIT)
+
+    def in_turn() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.005)
+        with lock:
+            running[0] -= 1
+
+    def helper(turns: Turns | None) -> None:
+        with step_pool.turn_of(turns):
+            in_turn()
+            cancels.call(both_waiting.wait, timeout=WAIT)  # would break were turns held
+            in_turn()
+            done.append(1)
+
+    def work() -> None:
+        turns = step_pool.held()
+        held.append(turns is pool.turns)
+        helpers = [threading.Thread(target=helper, args=(turns,)) for _ in range(2)]
+        with step_pool.waiting():
+            for thread in helpers:
+                thread.start()
+            for thread in helpers:
+                thread.join(WAIT)
+
+    pool.run(work)
+
+    assert pool.drain(WAIT) == 0
+    assert held == [True]
+    assert len(done) == 2
+    assert most[0] == 1
 
 
 def test_turns_are_handed_out_in_the_order_they_were_asked_for() -> None:
