@@ -130,6 +130,9 @@ class TaskView(BaseModel):
     # A thread's turn: its thread and its number there.
     thread_id: str | None = None
     turn: int | None = None
+    batch_id: str | None = Field(
+        None, description="the batch it was submitted in (`GET /v1/batches/{id}`), if any"
+    )
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -224,6 +227,8 @@ class TaskState(UsageRow, Protocol):
     def turn(self) -> int | None: ...
     @property
     def stream(self) -> bool | None: ...
+    @property
+    def batch_id(self) -> str | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -257,6 +262,7 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         agent_version=task.agent_version,
         thread_id=task.thread_id,
         turn=task.turn,
+        batch_id=task.batch_id,
     )
 
 

@@ -76,6 +76,7 @@ class NewTask:
     turn: int | None = None
     turn_held: bool = False
     stream: bool | None = None  # whether its model calls stream (None: the default)
+    batch_id: str | None = None  # the batch it is submitted in (shared.store.batches)
 
 
 def create_task(
@@ -118,6 +119,7 @@ def create_task(
         turn=spec.turn,
         turn_held=spec.turn_held,
         stream=spec.stream,
+        batch_id=spec.batch_id,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now
@@ -202,6 +204,18 @@ def find_by_idempotency_key(session: Session, tenant_id: str, key: str) -> Task 
     return session.scalar(
         select(Task).where(Task.tenant_id == tenant_id, Task.idempotency_key == key)
     )
+
+
+def find_by_idempotency_keys(
+    session: Session, tenant_id: str, keys: Sequence[str]
+) -> dict[str, Task]:
+    """The tenant's tasks submitted with any of ``keys``, by key: one query for a batch."""
+    if not keys:
+        return {}
+    found = session.scalars(
+        select(Task).where(Task.tenant_id == tenant_id, Task.idempotency_key.in_(keys))
+    )
+    return {task.idempotency_key: task for task in found if task.idempotency_key is not None}
 
 
 def get_task(session: Session, tenant_id: str, task_id: str) -> Task:

@@ -72,6 +72,7 @@ _DEFAULTS: dict[str, Any] = {
     "turn_held": False,
     "rolled_back": False,
     "stream": None,
+    "batch_id": None,
 }
 
 
