@@ -82,7 +82,8 @@ def _invalid(field: str, reason: str) -> dict[str, Any]:
 def _invalid_body(exc: ValidationError, index: int, document: dict[str, Any]) -> dict[str, Any]:
     """Pydantic's errors for an item, each field named within the whole request."""
     errors = []
-    for error in validation_errors(list(exc.errors(include_url=False)), document):
+    found: list[Any] = list(exc.errors(include_url=False))
+    for error in validation_errors(found, document):
         inner = "" if error["field"] == "(body)" else error["field"]
         field = f"tasks[{index}]" + (f".{inner}" if inner and inner[0] != "[" else inner)
         pointer = f"#/tasks/{index}" + error["pointer"].removeprefix("#")

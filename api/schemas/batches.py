@@ -37,12 +37,10 @@ class BatchCreate(BaseModel):
         },
     )
 
-    tasks: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_BATCH_TASKS)] = (
-        Field(
-            description="at most RATCHET_BATCH_MAX_TASKS (default 1,000) submit bodies "
-            "(`TaskCreate`), each with an optional `idempotency_key` of its own: the same key "
-            "and body as an earlier submission answers with that task"
-        )
+    tasks: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_BATCH_TASKS)] = Field(
+        description="at most RATCHET_BATCH_MAX_TASKS (default 1,000) submit bodies "
+        "(`TaskCreate`), each with an optional `idempotency_key` of its own: the same key "
+        "and body as an earlier submission answers with that task"
     )
 
 

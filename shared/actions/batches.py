@@ -120,8 +120,9 @@ def _create(
     known = tasks.find_by_idempotency_keys(session, tenant_id, keys)
     unkeyed = sum(1 for item in items if item.spec and not item.idempotency_key)
     caps.check(session, tenant_id, tenant_name, adding=unkeyed + len(set(keys) - set(known)))
-    for version in {item.spec.agent_version for item in items if item.spec} - {None}:
-        versions.record(session, version)  # its row, once per process and version
+    for version in {item.spec.agent_version for item in items if item.spec}:
+        if version is not None:  # its row, once per process and version
+            versions.record(session, version)
     batch = batches.create_batch(
         session, tenant_id, idempotency_key=idempotency_key, request_hash=request_hash
     )
@@ -171,10 +172,7 @@ def _answer(
 
 
 def _key_reused(index: int, key: str | None) -> dict[str, Any]:
-    field = f"tasks[{index}].idempotency_key"
+    field, pointer = f"tasks[{index}].idempotency_key", f"#/tasks/{index}/idempotency_key"
     reason = f"{key!r} was already used with a different task body"
-    return {
-        "type": KEY_REUSED,
-        "detail": f"{field}: {reason}",
-        "errors": [{"field": field, "pointer": f"#/tasks/{index}/idempotency_key", "detail": reason}],
-    }
+    errors = [{"field": field, "pointer": pointer, "detail": reason}]
+    return {"type": KEY_REUSED, "detail": f"{field}: {reason}", "errors": errors}

@@ -5,15 +5,18 @@ batch not found."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
+from typer.testing import CliRunner
 
 from shared.store.db import transaction
 from shared.store.tables import Batch, Task
@@ -172,7 +175,10 @@ def test_an_items_own_key_finds_its_task_across_batches_and_single_submissions(
         post_batch(
             client,
             tenant,
-            [one_step(1) | {"idempotency_key": "order-1"}, one_step(9) | {"idempotency_key": "order-0"}],
+            [
+                one_step(1) | {"idempotency_key": "order-1"},
+                one_step(9) | {"idempotency_key": "order-0"},
+            ],
         )
     )
 
@@ -309,4 +315,93 @@ def test_a_batch_that_would_pass_the_queue_cap_is_refused_whole(
         assert "max_queued 3" in assert_problem(refused, 429)["detail"]
         assert int(refused.headers["retry-after"]) >= 1
         assert (task_count(tenant.id), batch_count(tenant.id)) == (0, 0)
-        assert accepted(post_batch(client, tenant, [one_step(n) for n in range(3)]))["task_count"] == 3
+        assert (
+            accepted(post_batch(client, tenant, [one_step(n) for n in range(3)]))["task_count"] == 3
+        )
+
+
+def over_http(client: TestClient, tenant: TenantHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ratchet batch`` (an HTTP client of the API) talks to this app, with the key."""
+    from ratchet import cli_batches
+    from ratchet import client as ratchet_client
+
+    def api_client() -> ratchet_client.Client:
+        through = ratchet_client.Client("http://testserver", tenant.key)
+        through._http = TestClient(client.app, headers=tenant.headers)
+        return through
+
+    monkeypatch.setattr(cli_batches, "api_client", api_client)
+
+
+# The client gives a long poll a longer timeout, which the ASGI test transport does not take.
+TIMEOUT_UNUSED = "ignore:You should not use the 'timeout' argument"
+
+
+@pytest.mark.filterwarnings(TIMEOUT_UNUSED)
+def test_the_cli_submits_a_jsonl_file_as_one_batch_and_waits_for_it(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    from ratchet.cli import app as cli
+
+    over_http(client, tenant, monkeypatch)
+    lines = [json.dumps(one_step(n)) for n in range(3)]
+    jsonl = tmp_path / "tasks.jsonl"
+    jsonl.write_text("\n".join([*lines[:2], "", lines[2]]) + "\n")
+
+    submitted = CliRunner().invoke(cli, ["batch", "submit", str(jsonl)])
+    assert submitted.exit_code == 0, submitted.output
+    answer = json.loads(submitted.stdout)
+    ids = [item["task_id"] for item in answer["items"]]
+    assert answer["task_count"] == 3
+    with run_later(drive, ids, delay=0.2):
+        got = CliRunner().invoke(cli, ["batch", "get", answer["batch_id"], "--wait", "30"])
+    assert got.exit_code == 0, got.output
+    assert json.loads(got.stdout)["counts"] == {"succeeded": 3}
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + "\n[1, 2]\n")
+    refused = CliRunner().invoke(cli, ["batch", "submit", str(bad)])
+    assert refused.exit_code == 2
+    assert f"{bad}:2: expected a JSON object" in refused.output
+    assert batch_count(tenant.id) == 1
+
+
+@pytest.mark.filterwarnings(TIMEOUT_UNUSED)
+def test_the_cli_waits_for_a_batch_and_says_by_its_status_whether_all_succeeded(
+    client: TestClient,
+    tenant: TenantHandle,
+    drive: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    from ratchet.cli import app as cli
+
+    over_http(client, tenant, monkeypatch)
+    jsonl = tmp_path / "tasks.jsonl"
+    jsonl.write_text(json.dumps(one_step(0)) + "\n" + json.dumps({"input": ""}) + "\n")
+
+    def run_once_submitted() -> None:
+        for _ in range(600):  # the CLI's batch, once it is there
+            with transaction() as session:
+                ids = session.scalars(select(Task.id).where(Task.tenant_id == tenant.id)).all()
+            if ids:
+                run_all(drive, list(ids))
+                return
+            time.sleep(0.05)
+
+    runner = threading.Thread(target=run_once_submitted, daemon=True)
+    runner.start()
+    waited = CliRunner().invoke(cli, ["batch", "submit", str(jsonl), "--wait"])
+    runner.join(timeout=30)
+
+    batch = json.loads(waited.stdout)
+    assert (batch["completed"], batch["counts"], batch["refused_count"]) == (
+        True,
+        {"succeeded": 1},
+        1,
+    )
+    assert waited.exit_code == 1  # an item was refused
