@@ -118,57 +118,85 @@ def _create(
 ) -> Submitted:
     keys = [item.idempotency_key for item in items if item.spec and item.idempotency_key]
     known = tasks.find_by_idempotency_keys(session, tenant_id, keys)
-    unkeyed = sum(1 for item in items if item.spec and not item.idempotency_key)
-    caps.check(session, tenant_id, tenant_name, adding=unkeyed + len(set(keys) - set(known)))
+    plans = _plan(items, known=known)
+    news = [item for item, plan in zip(items, plans, strict=True) if isinstance(plan, _New)]
+    caps.check(session, tenant_id, tenant_name, adding=len(news))
     for version in {item.spec.agent_version for item in items if item.spec}:
         if version is not None:  # its row, once per process and version
             versions.record(session, version)
     batch = batches.create_batch(
         session, tenant_id, idempotency_key=idempotency_key, request_hash=request_hash
     )
-    answers: list[dict[str, Any]] = []
-    statuses: dict[str, str] = {}
-    deliveries: list[str] = []
-    for index, item in enumerate(items):
-        answer, task = _answer(session, batch, item, index, known=known, deliveries=deliveries)
-        answers.append(answer)
-        if task is not None:
-            statuses[task.id] = task.status
-    batches.record_items(batch, answers)
+    creations = [
+        (dataclasses.replace(item.spec, batch_id=batch.id), item.idempotency_key, item.request_hash)
+        for item in news
+        if item.spec is not None
+    ]
+    created = tasks.create_tasks(session, tenant_id, creations)
+    made = [logged.task for logged in created]
+    batches.record_items(batch, [_answer(plan, made) for plan in plans])
     session.flush()
+    statuses = {task.id: task.status for task in [*made, *known.values()]}
+    deliveries = tuple(d for logged in created for d in logged.deliveries)
     # Nobody reads a task that did not exist: only the webhooks, and the dispatcher once.
-    effects = Effects(deliveries=tuple(deliveries), wake=batch.task_count > 0)
+    effects = Effects(deliveries=deliveries, wake=bool(made))
     return Submitted(batch, statuses, created=True, effects=effects)
 
 
-def _answer(
-    session: Session,
-    batch: Batch,
-    item: Item,
-    index: int,
-    *,
-    known: dict[str, Task],
-    deliveries: list[str],
-) -> tuple[dict[str, Any], Task | None]:
-    """The answer for one item, and its task: created here (``known`` learns its key, so a
-    later item with the key finds it), or the one its key found."""
-    if item.spec is None:
-        assert item.error is not None
-        return {"error": item.error}, None
-    key = item.idempotency_key
-    found = known.get(key) if key else None
-    if found is not None:
-        if found.request_hash != item.request_hash:
-            return {"error": _key_reused(index, key)}, None
-        return {"task_id": found.id, "replayed": True}, found
-    spec = dataclasses.replace(item.spec, batch_id=batch.id)
-    logged = tasks.create_task(
-        session, batch.tenant_id, spec, idempotency_key=key, request_hash=item.request_hash
-    )
-    deliveries += logged.deliveries
-    if key:
-        known[key] = logged.task
-    return {"task_id": logged.task.id}, logged.task
+@dataclass(frozen=True)
+class _New:
+    """An item whose task this batch creates: the ``order``-th of its new tasks."""
+
+    order: int
+
+
+@dataclass(frozen=True)
+class _Found:
+    """An item whose key names a task made before (``task``), or by an earlier item of the
+    batch (the ``order``-th new task)."""
+
+    task: Task | None = None
+    order: int = -1
+
+
+_Plan = _New | _Found | dict[str, Any]  # a dict: the error that refuses the item
+
+
+def _plan(items: Sequence[Item], *, known: dict[str, Task]) -> list[_Plan]:
+    """What becomes of each item: a new task, the task its key names (made before, ``known``
+    by key, or by an earlier item with the key), or its error (its own, or its key's with a
+    different body)."""
+    plans: list[_Plan] = []
+    new_keys: dict[str, tuple[int, str | None]] = {}  # key: (order, request hash)
+    new = 0
+    for index, item in enumerate(items):
+        key = item.idempotency_key
+        if item.spec is None:
+            assert item.error is not None
+            plans.append(item.error)
+        elif key and key in known:
+            same = known[key].request_hash == item.request_hash
+            plans.append(_Found(task=known[key]) if same else _key_reused(index, key))
+        elif key and key in new_keys:
+            order, request_hash = new_keys[key]
+            same = request_hash == item.request_hash
+            plans.append(_Found(order=order) if same else _key_reused(index, key))
+        else:
+            plans.append(_New(new))
+            if key:
+                new_keys[key] = (new, item.request_hash)
+            new += 1
+    return plans
+
+
+def _answer(plan: _Plan, made: list[Task]) -> dict[str, Any]:
+    """An item's answer as the batch keeps it, once its new tasks (``made``) are in."""
+    if isinstance(plan, _New):
+        return {"task_id": made[plan.order].id}
+    if isinstance(plan, _Found):
+        task = plan.task or made[plan.order]
+        return {"task_id": task.id, "replayed": True}
+    return {"error": plan}
 
 
 def _key_reused(index: int, key: str | None) -> dict[str, Any]:
