@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 from shared.transport import get_transport
@@ -93,6 +93,22 @@ class EventHub:
             self._waiters[task_id].discard(event)
             if not self._waiters[task_id]:
                 del self._waiters[task_id]
+
+    @contextlib.asynccontextmanager
+    async def watch_many(self, task_ids: Iterable[str]) -> AsyncIterator[asyncio.Event]:
+        """One event that is set whenever any of ``task_ids`` gets new events (a batch's long
+        poll: clear it yourself)."""
+        event = asyncio.Event()
+        watched = list(dict.fromkeys(task_ids))
+        for task_id in watched:
+            self._waiters[task_id].add(event)
+        try:
+            yield event
+        finally:
+            for task_id in watched:
+                self._waiters[task_id].discard(event)
+                if not self._waiters[task_id]:
+                    del self._waiters[task_id]
 
     def wake_all(self) -> None:
         for task_id in {*self._waiters, *self._live}:

@@ -23,6 +23,7 @@ from api.problems import REASONS, Problem, responses
 from api.routes import (
     agents,
     approvals,
+    batches,
     events,
     fleet,
     forks,
@@ -38,6 +39,7 @@ from api.routes import (
     webhook_endpoints,
     webhooks,
 )
+from api.schemas.batches import document_batch
 from api.schemas.fields import forbid_nul_in_request_bodies
 from api.schemas.tasks import document_submission
 from api.schemas.threads import document_turn
@@ -119,6 +121,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         document_submission(components)
         document_turn(components)
+        document_batch(components)
         components["Problem"] = Problem.model_json_schema(ref_template=REFS)
         components.update(components["Problem"].pop("$defs", {}))
         forbid_nul_in_request_bodies(schema)
@@ -188,6 +191,7 @@ def create_app() -> FastAPI:
         threads,
         thread_events,
         waits,
+        batches,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     app.include_router(health.router, responses=ANY_REQUEST)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -10,7 +11,7 @@ from typing import Any, TypeVar
 
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from api.problems import field_name
 from api.schemas import content
@@ -32,12 +33,12 @@ from shared.settings import Settings, get_settings
 from shared.store.tasks import NewTask
 from shared.webhooks.egress import check_url
 
-Body = TypeVar("Body", bound=TaskCreate)
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def parse(raw: bytes, schema: type[Body] = TaskCreate) -> Body:  # type: ignore[assignment]
-    """The request body as a TaskCreate (or ``schema``, one that extends it), or a
-    RequestValidationError naming each bad field.
+    """The request body as a TaskCreate (or ``schema``: one that extends it, or another
+    body), or a RequestValidationError naming each bad field.
 
     Pydantic's JSON parser reads the body (it refuses NaN, Infinity and nesting past its
     recursion limit, where ``json.loads`` would raise RecursionError); the document is read
@@ -83,11 +84,15 @@ def _document(raw: bytes) -> Any:
         return None
 
 
-def check_rate(tenant: str) -> None:
-    """The tenant's submission limit, if one is configured: 429 with Retry-After when over."""
+def check_rate(tenant: str, *, tasks: int = 1) -> None:
+    """The tenant's submission limit, if one is configured: 429 with Retry-After when over.
+    A batch takes one token per task, at most the bucket's whole capacity (more could never
+    pass)."""
     take = rules.submission_take(tenant)
     if take is None:
         return
+    if tasks != 1:
+        take = dataclasses.replace(take, cost=min(tasks, take.bucket.burst))
     try:
         decision = get_limiter().acquire([take])
     except LimiterUnavailable as exc:

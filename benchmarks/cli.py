@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from benchmarks import (
+    batches,
     capacity,
     checkpoint,
     context,
@@ -59,6 +60,7 @@ app.command("limiter")(limiter.limiter)
 app.command("delivery")(delivery.delivery)
 app.command("capacity")(capacity.capacity)
 app.command("api")(submissions.api)
+app.command("batch")(batches.batch)
 app.command("history")(history.history)
 app.command("throughput")(throughput.throughput)
 app.command("dashboard")(dashboard.dashboard)

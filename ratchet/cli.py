@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ratchet import cli_admin, cli_chat, cli_client, cli_schedules, cli_webhooks
+from ratchet import cli_admin, cli_batches, cli_chat, cli_client, cli_schedules, cli_webhooks
 from ratchet.console import err
 
 
@@ -75,6 +75,7 @@ app.add_typer(cli_admin.keys, name="keys")
 app.add_typer(cli_client.tasks, name="tasks")
 app.add_typer(cli_webhooks.webhooks, name="webhooks")
 app.add_typer(cli_schedules.schedules, name="schedules")
+app.add_typer(cli_batches.batch, name="batch")
 
 
 def load_benchmarks() -> typer.Typer:
@@ -122,7 +123,7 @@ def _show_version(value: bool) -> None:
 
 
 # These talk to a server over HTTP and read no settings.
-CLIENT_COMMANDS = ("submit", "tail", "approve", "tasks", "schedules")
+CLIENT_COMMANDS = ("submit", "tail", "approve", "tasks", "schedules", "batch")
 # These run tasks' code (agents and tools), so they load the agent modules before they start.
 SERVING_COMMANDS = ("dev", "api", "worker")
 

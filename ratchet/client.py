@@ -11,7 +11,8 @@
 last event seen; if streaming keeps failing it falls back to long-polling. Receivers of
 webhooks check them with :func:`verify_webhook` (or the ``standardwebhooks`` package). A
 tool call that waits for a person is decided with ``approve`` (or ``edit``, ``reject``); a
-tenant's schedules are made with ``create_schedule``. A conversation is a thread: ``run`` sends
+tenant's schedules are made with ``create_schedule``; many tasks go in one request with
+``submit_batch``, and ``batch`` follows them. A conversation is a thread: ``run`` sends
 it a turn, ``thread_events`` follows all of its turns, and ``stream_text`` shows a turn's
 answer as the model writes it.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -135,6 +136,25 @@ class Client:
         params = {"wait": wait} if wait else None
         timeout = (wait or 0) + 30
         return self._json(self._http.get(f"/v1/tasks/{task_id}", params=params, timeout=timeout))
+
+    def submit_batch(
+        self, tasks: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Submit many tasks in one request (``POST /v1/tasks/batch``): each a submit body,
+        which may carry an ``idempotency_key`` of its own. Returns ``{"batch_id", "items",
+        …}``: an item per task, in order, with its ``task_id``, or the ``error`` that refused
+        it (the other items go ahead)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = {"tasks": [dict(task) for task in tasks]}
+        return self._json(self._http.post("/v1/tasks/batch", json=body, headers=headers))
+
+    def batch(self, batch_id: str, *, wait: float | None = None) -> dict[str, Any]:
+        """The batch's tasks by status (``counts``, ``tasks``, ``completed``); with ``wait``
+        (≤ 60 s), long-polls until every one of them is terminal."""
+        params = {"wait": wait} if wait else None
+        timeout = (wait or 0) + 30
+        path = f"/v1/batches/{batch_id}"
+        return self._json(self._http.get(path, params=params, timeout=timeout))
 
     def list_tasks(
         self,

@@ -145,6 +145,9 @@ class TaskView(BaseModel):
         None,
         description="while `waiting`: the step and its calls' pending waits (tokens, children)",
     )
+    batch_id: str | None = Field(
+        None, description="the batch it was submitted in (`GET /v1/batches/{id}`), if any"
+    )
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -253,6 +256,8 @@ class TaskState(UsageRow, Protocol):
     def children_output_tokens(self) -> int: ...
     @property
     def children_cost_usd(self) -> float: ...
+    @property
+    def batch_id(self) -> str | None: ...
 
 
 def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
@@ -290,6 +295,7 @@ def task_view(task: TaskState, *, approval_links: bool = False) -> TaskView:
         agent_version=task.agent_version,
         thread_id=task.thread_id,
         turn=task.turn,
+        batch_id=task.batch_id,
     )
 
 

@@ -28,8 +28,9 @@ def known_uncapped(tenant_name: str) -> bool:
     return cached is not None and cached.tenant(tenant_name).max_queued is None
 
 
-def check(session: Session, tenant_id: str, tenant_name: str) -> None:
-    """In the submission's transaction, before its insert: QueueFull past the cap."""
+def check(session: Session, tenant_id: str, tenant_name: str, *, adding: int = 1) -> None:
+    """In the submission's transaction, before its insert of ``adding`` tasks: QueueFull if
+    they would take the tenant past its cap (a batch is refused whole, not cut short)."""
     cap = concurrency.cached(session).tenant(tenant_name).max_queued
     if cap is None:
         return
@@ -39,9 +40,10 @@ def check(session: Session, tenant_id: str, tenant_name: str) -> None:
         .select_from(Task)
         .where(Task.tenant_id == tenant_id, Task.status == TaskStatus.QUEUED)
     )
-    if (queued or 0) >= cap:
+    if (queued or 0) + adding > cap:
+        held = "its most" if adding == 1 else f"and {adding} more would pass its most"
         raise QueueFull(
-            f"tenant {tenant_name!r} has {queued} tasks queued, its most (max_queued {cap}); "
+            f"tenant {tenant_name!r} has {queued} tasks queued, {held} (max_queued {cap}); "
             f"retry once some have started",
             retry_after_s=RETRY_AFTER_SECONDS,
         )

@@ -225,6 +225,10 @@ class Task(Base):
     children_input_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
     children_output_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
     children_cost_usd: Mapped[float] = mapped_column(Float, server_default="0", default=0.0)
+    # The batch it was submitted in (``POST /v1/tasks/batch``), if it was.
+    batch_id: Mapped[str | None] = mapped_column(
+        ForeignKey("batches.id", ondelete="CASCADE", name="fk_tasks_batch_id")
+    )
 
 
 def runnable() -> ColumnElement[bool]:
@@ -567,3 +571,35 @@ class Wait(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     settled_at: Mapped[datetime | None]
     settled_by: Mapped[str | None] = mapped_column(String(200))
+
+
+class Batch(Base):
+    """Tasks submitted in one request (``POST /v1/tasks/batch``), in one transaction. It keeps
+    its answer for each item (``{"task_id": …}`` or ``{"error": <problem>}``, in the request's
+    order) so a repeat of the request (its Idempotency-Key, the same body) answers the same
+    and creates nothing. Its tasks name it (``Task.batch_id``)."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index(
+            "uq_batches_tenant_idempotency_key",
+            "tenant_id",
+            "idempotency_key",
+            unique=True,
+            **_where("idempotency_key IS NOT NULL"),
+        ),
+        Index("ix_batches_tenant_id_id", "tenant_id", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    task_count: Mapped[int] = mapped_column(Integer)  # the tasks it created
+    refused_count: Mapped[int] = mapped_column(Integer)  # items refused, each with its error
+    items: Mapped[list[Any]]
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+
+# A batch's tasks, for its progress; only tasks submitted in a batch are in it.
+Index("ix_tasks_batch", Task.batch_id, **_where("batch_id IS NOT NULL"))

@@ -27,7 +27,7 @@ from shared.ids import new_id
 from shared.observability import metrics
 from shared.statuses import TERMINAL_STATUSES, TaskStatus, in_order
 from shared.store import outbox
-from shared.store.backends import run_batch
+from shared.store.backends import run_batch, run_batches
 from shared.store.batch import Batch
 from shared.store.db import now_ms
 from shared.store.events import insert_events
@@ -82,6 +82,7 @@ class NewTask:
     parent_call_id: str | None = None
     root_id: str | None = None
     depth: int = 0
+    batch_id: str | None = None  # the batch it is submitted in (shared.store.batches)
 
 
 def create_task(
@@ -95,6 +96,37 @@ def create_task(
 ) -> Logged:
     """Insert a queued task: in the backlog, or (``admitted``, the direct path of
     ``shared.scheduling.gate``) admitted already, its message the caller's to send."""
+    task, clock = _new_task(tenant_id, spec, idempotency_key, request_hash, admitted=admitted)
+    batch = _insert_batch(session, task, clock)
+    return _inserted(session, task, batch, run_batch(session, batch))
+
+
+# A task to create: its spec, Idempotency-Key and request hash.
+Creation = tuple[NewTask, str | None, str | None]
+
+
+def create_tasks(session: Session, tenant_id: str, creations: Sequence[Creation]) -> list[Logged]:
+    """Insert queued tasks in the backlog, in order, each as :func:`create_task` would, their
+    statements all sent before the first answer is awaited (``backends.run_batches``): a
+    batch of tasks costs one round trip, not one each."""
+    new = [_new_task(tenant_id, *creation, admitted=False) for creation in creations]
+    batches = [_insert_batch(session, task, clock) for task, clock in new]
+    rows = run_batches(session, batches)
+    return [
+        _inserted(session, task, batch, row)
+        for (task, _), batch, row in zip(new, batches, rows, strict=True)
+    ]
+
+
+def _new_task(
+    tenant_id: str,
+    spec: NewTask,
+    idempotency_key: str | None,
+    request_hash: str | None,
+    *,
+    admitted: bool,
+) -> tuple[Task, dict[str, Any]]:
+    """The task ``spec`` makes, and what its clock columns are made of (see _insert_batch)."""
     task = Task(
         id=new_id(),
         tenant_id=tenant_id,
@@ -128,13 +160,13 @@ def create_task(
         parent_call_id=spec.parent_call_id,
         root_id=spec.root_id,
         depth=spec.depth,
+        batch_id=spec.batch_id,
         last_event_seq=1,  # task.queued, logged below
     )
     # It waits in the backlog until the dispatcher admits it (shared.scheduling): due now
     # (by the database's clock) unless it asked for later.
     deadline_in_ms = int(spec.deadline_seconds * 1000) if spec.deadline_seconds else None
-    clock = {"due_at_ms": spec.run_at_ms, "admit": admitted, "deadline_in_ms": deadline_in_ms}
-    return Logged(task, _insert(session, task, clock))
+    return task, {"due_at_ms": spec.run_at_ms, "admit": admitted, "deadline_in_ms": deadline_in_ms}
 
 
 # Set by the database's clock as the row goes in (see _insert): read back, not sent.
@@ -147,15 +179,14 @@ _COLUMNS = [
 _inserts: dict[frozenset[str], Any] = {}
 
 
-def _insert(session: Session, task: Task, clock: dict[str, Any]) -> list[str]:
-    """INSERT a new task and its ``task.queued`` event (with its webhooks' outbox rows) as one
-    batch (``shared.store.batch``): one statement on PostgreSQL, compiled once per set of
-    columns, where the ORM's flush and a second INSERT cost a third of the API's CPU per
+def _insert_batch(session: Session, task: Task, clock: dict[str, Any]) -> Batch:
+    """The INSERT of a new task and its ``task.queued`` event (with its webhooks' outbox rows)
+    as one batch (``shared.store.batch``): one statement on PostgreSQL, compiled once per set
+    of columns, where the ORM's flush and a second INSERT cost a third of the API's CPU per
     submission. As the ORM would: the columns ``task`` has values for, and the defaults of
     those it has not (set on ``task`` too); the rest stay SQL NULL. The clock's columns come
     from the database: ``due_ms`` is ``due_at_ms`` or now, ``admitted_ms`` now if ``admit``,
-    ``deadline_ms`` now + ``deadline_in_ms``. The task then joins the session as if loaded,
-    every attribute present (none loads again). Returns the webhook deliveries it queued."""
+    ``deadline_ms`` now + ``deadline_in_ms``."""
     state, values = task.__dict__, dict(clock)
     for column, attribute in _COLUMNS:
         if attribute not in state and column.default is not None:
@@ -171,12 +202,18 @@ def _insert(session: Session, task: Task, clock: dict[str, Any]) -> list[str]:
         statement = _inserts[shape] = _insert_statement(values)
     batch = Batch(fence=statement, key=("create_task", shape), params=values, now=utcnow())
     log_in_batch(session, batch, [("task.queued", task_document)], task=task)
-    row = run_batch(session, batch)
+    return batch
+
+
+def _inserted(session: Session, task: Task, batch: Batch, row: Any) -> Logged:
+    """The task as its batch inserted it (``row``: what the database's clock set), joined to
+    the session as if loaded, every attribute present (none loads again), with the webhook
+    deliveries it queued."""
     assert row is not None  # an INSERT … RETURNING returns its row
     task.due_ms, task.admitted_ms, task.deadline_ms = row.due_ms, row.admitted_ms, row.deadline_ms
     make_transient_to_detached(task)
     session.add(task)
-    return [d["id"] for d in batch.deliveries]
+    return Logged(task, [d["id"] for d in batch.deliveries])
 
 
 def _insert_statement(values: dict[str, Any]) -> Any:
@@ -212,6 +249,18 @@ def find_by_idempotency_key(session: Session, tenant_id: str, key: str) -> Task 
     return session.scalar(
         select(Task).where(Task.tenant_id == tenant_id, Task.idempotency_key == key)
     )
+
+
+def find_by_idempotency_keys(
+    session: Session, tenant_id: str, keys: Sequence[str]
+) -> dict[str, Task]:
+    """The tenant's tasks submitted with any of ``keys``, by key: one query for a batch."""
+    if not keys:
+        return {}
+    found = session.scalars(
+        select(Task).where(Task.tenant_id == tenant_id, Task.idempotency_key.in_(keys))
+    )
+    return {task.idempotency_key: task for task in found if task.idempotency_key is not None}
 
 
 def get_task(session: Session, tenant_id: str, task_id: str) -> Task:

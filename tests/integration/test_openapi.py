@@ -30,7 +30,7 @@ MAX_EXAMPLES = 12
 # a public address (as must an endpoint's); a key's expiry lies in the future; ``Last-Event-ID``
 # is a number in range; a query string holds no NUL character; an edit fits its tool; a
 # schedule's cron is one croniter accepts; a runtime limit fits its kind; a fork starts at
-# one of its task's committed steps.
+# one of its task's committed steps; a batch holds at most RATCHET_BATCH_MAX_TASKS items.
 SEMANTIC_422 = (
     "POST /v1/tasks",
     "GET /v1/tasks",
@@ -58,6 +58,7 @@ SEMANTIC_422 = (
     "GET /v1/threads/{thread_id}/messages",
     "GET /v1/threads/{thread_id}/events",  # ``Last-Event-ID`` is ``<turn>:<seq>``
     "POST /v1/waits/{token}",  # a body that is JSON, within its size
+    "POST /v1/tasks/batch",  # at most RATCHET_BATCH_MAX_TASKS items
 )
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis's default
 # Invalid data must be refused: schemathesis's default statuses for that, and a body or header
@@ -145,7 +146,7 @@ def test_every_operation_passes_every_check(
             if failure:
                 failures.append(failure)
     assert not failures, "\n\n".join(failures)
-    assert len(seen) == 52, sorted(seen)
+    assert len(seen) == 54, sorted(seen)
     # The key was taken: every authenticated operation got past authentication at least once.
     assert [label for label, statuses in seen.items() if statuses <= {401}] == []
     assert {200, 422} <= seen["GET /v1/tasks/{task_id}/events"]

@@ -79,6 +79,7 @@ _DEFAULTS: dict[str, Any] = {
     "children_input_tokens": 0,
     "children_output_tokens": 0,
     "children_cost_usd": 0.0,
+    "batch_id": None,
 }
 
 

@@ -44,6 +44,8 @@ class Backend(Protocol):
 
     def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None: ...
 
+    def run_batches(self, session: Session, batches: Sequence[Batch]) -> list[Row[Any] | None]: ...
+
     def try_sweep_lock(self, session: Session, lock_id: int) -> bool: ...
 
     def epoch_seconds(self, column: Any) -> ColumnElement[float]: ...
@@ -110,6 +112,13 @@ def fetch_one(session: Session, statement: Any, params: dict[str, Any]) -> Any |
 def run_batch(session: Session, batch: Batch) -> Row[Any] | None:
     """Execute a fenced write's batch; returns the fence's row, or None (nothing written)."""
     return backend_of(session).run_batch(session, batch)
+
+
+def run_batches(session: Session, batches: Sequence[Batch]) -> list[Row[Any] | None]:
+    """Execute many batches in the caller's transaction, in order, each as ``run_batch``
+    would (on PostgreSQL all sent before the first answer is awaited); the fence's row of
+    each, or None."""
+    return backend_of(session).run_batches(session, batches)
 
 
 def plan_with_values(session: Session) -> None:

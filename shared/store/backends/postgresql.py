@@ -84,6 +84,9 @@ class PostgreSQL:
     def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None:
         return run_as_one(session, batch)
 
+    def run_batches(self, session: Session, batches: Sequence[Batch]) -> list[Row[Any] | None]:
+        return run_pipelined(session, batches)
+
     def try_sweep_lock(self, session: Session, lock_id: int) -> bool:
         """One sweeper at a time across the fleet; and a row locked by a stalled transaction
         must not stall the fleet's sweeping, so this transaction waits for locks 5 s at most."""
@@ -222,10 +225,50 @@ def fetch_compiled(session: Session, statement: Any, params: dict[str, Any]) -> 
     than the database does. Errors come out as SQLAlchemy's, a dropped connection
     invalidated.
     """
+    return fetch_compiled_each(session, [(statement, params)])[0]
+
+
+def fetch_compiled_each(
+    session: Session, runs: Sequence[tuple[Any, dict[str, Any]]]
+) -> list[Any | None]:
+    """Run each (statement, params) of ``runs`` as :func:`fetch_compiled` does, in order; the
+    one row of each, or None. More than one are sent in a pipeline: all of them before the
+    first answer is awaited, so they cost one round trip, not one each (the statements of a
+    batch of tasks)."""
     # A write session's own connection (autocommit) as is: only write sessions are bound to
     # a connection; any other session's, in its transaction.
     bind = session.bind
     connection = bind if isinstance(bind, Connection) else session.connection()
+    sent = [_bound(connection, statement, params) for statement, params in runs]
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    try:
+        if len(sent) == 1:
+            with driver.cursor(row_factory=namedtuple_row) as cursor:
+                cursor.execute(*sent[0])
+                return [cursor.fetchone()]
+        cursors = [driver.cursor(row_factory=namedtuple_row) for _ in sent]
+        with driver.pipeline():
+            for cursor, (sql, values) in zip(cursors, sent, strict=True):
+                cursor.execute(sql, values)
+        rows = [cursor.fetchone() for cursor in cursors]
+        for cursor in cursors:
+            cursor.close()
+        return rows
+    except psycopg.Error as exc:
+        dropped = connection.dialect.is_disconnect(cast(Any, exc), cast(Any, driver), None)
+        if dropped:
+            connection.invalidate(exc)
+        sql, values = sent[0]
+        raise DBAPIError.instance(
+            sql, values, exc, psycopg.Error, connection_invalidated=dropped
+        ) from exc
+
+
+def _bound(
+    connection: Connection, statement: Any, params: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The statement's driver SQL and its values for ``params``."""
     compiled = _compile(statement, connection.dialect)
     if not compiled.required <= params.keys():
         missing = ", ".join(sorted(compiled.required - params.keys()))
@@ -233,19 +276,7 @@ def fetch_compiled(session: Session, statement: Any, params: dict[str, Any]) -> 
     values = {**compiled.defaults, **params}
     for name in compiled.json:
         values[name] = Jsonb(values[name])
-    driver = connection.connection.driver_connection
-    assert isinstance(driver, psycopg.Connection)
-    try:
-        with driver.cursor(row_factory=namedtuple_row) as cursor:
-            cursor.execute(compiled.sql, values)
-            return cursor.fetchone()
-    except psycopg.Error as exc:
-        dropped = connection.dialect.is_disconnect(cast(Any, exc), cast(Any, driver), None)
-        if dropped:
-            connection.invalidate(exc)
-        raise DBAPIError.instance(
-            compiled.sql, values, exc, psycopg.Error, connection_invalidated=dropped
-        ) from exc
+    return compiled.sql, values
 
 
 # --- a batch as one statement ------------------------------------------------------------------
@@ -262,6 +293,17 @@ _statements: dict[Hashable, Select[Any]] = {}
 
 
 def run_as_one(session: Session, batch: Batch) -> Row[Any] | None:
+    return cast(Row[Any] | None, fetch_compiled(session, *_as_one(batch)))
+
+
+def run_pipelined(session: Session, batches: Sequence[Batch]) -> list[Row[Any] | None]:
+    """Each batch as one statement, all of them sent in one pipeline (in the caller's
+    transaction): what a batch of new tasks costs is one round trip."""
+    return cast(list[Row[Any] | None], fetch_compiled_each(session, [_as_one(b) for b in batches]))
+
+
+def _as_one(batch: Batch) -> tuple[Select[Any], dict[str, Any]]:
+    """The batch's one statement (composed once per shape) and its parameters."""
     shape: tuple[Hashable, ...] = (batch.key, batch.durable, bool(batch.events))
     shape += (bool(batch.deliveries),)
     shape += tuple(_part_shape(part) for part in batch.parts)
@@ -287,7 +329,7 @@ def run_as_one(session: Session, batch: Batch) -> Row[Any] | None:
         }
     for index, part in enumerate(batch.parts):
         params |= _part_params(index, part)
-    return cast(Row[Any] | None, fetch_compiled(session, statement, params))
+    return statement, params
 
 
 def _part_params(index: int, part: Part) -> dict[str, Any]:

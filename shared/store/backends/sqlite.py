@@ -63,6 +63,9 @@ class SQLite:
     def run_batch(self, session: Session, batch: Batch) -> Row[Any] | None:
         return run_in_turn(session, batch)
 
+    def run_batches(self, session: Session, batches: Sequence[Batch]) -> list[Row[Any] | None]:
+        return [run_in_turn(session, batch) for batch in batches]
+
     def try_sweep_lock(self, session: Session, lock_id: int) -> bool:
         return True  # one process sweeps: the embedded default's own
 
