@@ -196,6 +196,9 @@ class Settings(BaseSettings):
     webhook_breaker_cooldown_seconds: float = Field(60.0, gt=0)
     max_webhook_endpoints_per_tenant: int = Field(100, ge=1, le=100_000)
     tool_timeout_seconds: float = Field(60.0, gt=0)
+    # Where tool calls run unless their tool says: in a thread of the worker, or in a
+    # killable tool process.
+    tool_isolation: Literal["thread", "process"] = "thread"
     # How many of one step's tool calls run at once (the model asked for several in one
     # answer); each outcome commits as it finishes.
     tool_concurrency: int = Field(8, ge=1, le=64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Annotated, Any, Literal, TypeVar, overload
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from shared.errors import InvalidRequest, NotFound, ToolArgumentsInvalid, ToolError
 
 UnknownOutcomePolicy = Literal["fail", "tell_model", "ask"]
+Isolation = Literal["thread", "process"]
 ApprovalTimeoutPolicy = Literal["reject", "approve", "fail"]
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,6 +36,8 @@ class ToolContext:
     # Set when the task is cancelled while the call runs: a long tool may watch it and stop
     # early (the step has stopped waiting for it by then).
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # The tenant's secrets the tool declared (``@tool(secrets=…)``), by name; no others.
+    secrets: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,11 @@ class Tool:
     max_result_chars: int | None = None
     # A sub-agent: calling it starts a task of this agent (see ``agent_tool``).
     agent: str | None = None
+    # Where its calls run: in a thread of the worker ("thread"), or in a killable tool
+    # process ("process"); None: RATCHET_TOOL_ISOLATION.
+    isolation: Isolation | None = None
+    # The names of the tenant secrets its calls may read (``ToolContext.secrets``).
+    secrets: tuple[str, ...] = ()
 
     def needs_approval(self, arguments: dict[str, Any]) -> bool:
         """Whether a person must approve this call first: always, never, or as the tool's
@@ -161,6 +169,8 @@ def tool(
     approval_timeout: float | None = None,
     on_approval_timeout: ApprovalTimeoutPolicy | None = None,
     max_result_chars: int | None = None,
+    isolation: Isolation | None = None,
+    secrets: tuple[str, ...] = (),
 ) -> Callable[[F], F]: ...
 def tool(
     func: F | None = None,
@@ -173,6 +183,8 @@ def tool(
     approval_timeout: float | None = None,
     on_approval_timeout: ApprovalTimeoutPolicy | None = None,
     max_result_chars: int | None = None,
+    isolation: Isolation | None = None,
+    secrets: tuple[str, ...] = (),
 ) -> F | Callable[[F], F]:
     """Register a type-hinted function as a tool. Its docstring is what the model reads.
 
@@ -189,6 +201,10 @@ def tool(
 
     ``max_result_chars`` bounds what the model reads of a result (the ledger keeps it whole;
     default: ``RATCHET_TOOL_RESULT_MAX_CHARS``).
+
+    ``isolation="process"`` runs each call in a killable tool process instead of a thread of
+    the worker (default: ``RATCHET_TOOL_ISOLATION``). ``secrets`` names the tenant secrets
+    the tool may read, as ``context.secrets[NAME]``; it gets no others.
     """
 
     def register(fn: F) -> F:
@@ -207,6 +223,8 @@ def tool(
             approval_timeout=approval_timeout,
             on_approval_timeout=on_approval_timeout,
             max_result_chars=max_result_chars,
+            isolation=isolation,
+            secrets=tuple(secrets),
         )
         return fn
 

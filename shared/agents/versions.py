@@ -66,7 +66,11 @@ TOOL_FIELDS = (
     "approval_timeout",
     "on_approval_timeout",
     "max_result_chars",
+    "isolation",
+    "secrets",
 )
+# Tool fields a definition holds only when set (see OPTIONAL_AGENT_FIELDS).
+OPTIONAL_TOOL_FIELDS = ("isolation", "secrets")
 AGENT_NOT_PINNED = ("description",)
 TOOL_CODE = ("func", "arguments_model", "wants_context", "agent")
 # ``requires_approval`` as a version stores a predicate over the arguments: the predicate
@@ -113,7 +117,13 @@ def definition_of(agent: Agent, tools: Mapping[str, Tool]) -> dict[str, Any]:
 
 def tool_definition(tool: Tool) -> dict[str, Any]:
     rule = tool.requires_approval
-    behaviour = {f: getattr(tool, f) for f in TOOL_FIELDS}
+    behaviour = {
+        f: getattr(tool, f)
+        for f in TOOL_FIELDS
+        if f not in OPTIONAL_TOOL_FIELDS or getattr(tool, f)
+    }
+    if "secrets" in behaviour:
+        behaviour["secrets"] = list(tool.secrets)
     behaviour["requires_approval"] = PREDICATE if callable(rule) else bool(rule)
     return {"name": tool.name, "parameters": tool.parameters_schema, **behaviour}
 
@@ -273,7 +283,10 @@ def pinned_tool(code: Tool, spec: dict[str, Any]) -> PinnedTool:
 def _behaviour(spec: dict[str, Any]) -> dict[str, Any]:
     """A pinned tool's behaviour; a field a later release added is absent from an older row's
     tools (then the deployed tool's, or the default, holds)."""
-    return {f: spec[f] for f in TOOL_FIELDS if f in spec}
+    behaviour = {f: spec[f] for f in TOOL_FIELDS if f in spec}
+    if "secrets" in behaviour:
+        behaviour["secrets"] = tuple(behaviour["secrets"])
+    return behaviour
 
 
 class _AnyArguments(BaseModel):
