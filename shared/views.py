@@ -356,10 +356,19 @@ def without_links(pending: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def document_without_links(data: dict[str, Any]) -> dict[str, Any]:
-    """An event's data with no approval link: a Task document's ``pending_approval`` stripped
-    (a copy when there was one to strip; any other data as it is)."""
+    """An event's data with no link that acts without a key: a Task document's
+    ``pending_approval`` links and its waits' signed URLs, or a parked call's (a copy when
+    there was one to strip; any other data as it is)."""
     pending = data.get("pending_approval")
-    if not isinstance(pending, dict):
-        return data
-    stripped = without_links(pending)
-    return data if stripped is pending else data | {"pending_approval": stripped}
+    if isinstance(pending, dict):
+        stripped = without_links(pending)
+        if stripped is not pending:
+            data = data | {"pending_approval": stripped}
+    waiting = data.get("waiting")
+    if isinstance(waiting, dict) and any("url" in w for w in waiting.get("waits", ())):
+        waits = [{k: v for k, v in w.items() if k != "url"} for w in waiting["waits"]]
+        data = data | {"waiting": waiting | {"waits": waits}}
+    wait = data.get("wait")
+    if isinstance(wait, dict) and "url" in wait:
+        data = data | {"wait": {k: v for k, v in wait.items() if k != "url"}}
+    return data

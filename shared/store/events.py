@@ -111,7 +111,9 @@ def list_events(
     if approval_links:
         return events
     return [
-        replace(e, data=document_without_links(e.data)) if e.type.startswith("task.") else e
+        replace(e, data=document_without_links(e.data))
+        if e.type.startswith("task.") or e.type == "step.tool_call"
+        else e
         for e in events
     ]
 

@@ -109,7 +109,7 @@ def delivery_rows(
 
 
 def _webhook_data(type_: str, data: dict[str, Any]) -> dict[str, Any]:
-    if not type_.startswith("task.") or get_settings().webhook_approval_links:
+    if get_settings().webhook_approval_links:
         return data
     return document_without_links(data)
 
