@@ -11,7 +11,15 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ratchet import cli_admin, cli_batches, cli_chat, cli_client, cli_schedules, cli_webhooks
+from ratchet import (
+    cli_admin,
+    cli_batches,
+    cli_chat,
+    cli_client,
+    cli_schedules,
+    cli_waits,
+    cli_webhooks,
+)
 from ratchet.console import err
 
 
@@ -123,7 +131,16 @@ def _show_version(value: bool) -> None:
 
 
 # These talk to a server over HTTP and read no settings.
-CLIENT_COMMANDS = ("submit", "tail", "approve", "tasks", "schedules", "batch")
+CLIENT_COMMANDS = (
+    "submit",
+    "tail",
+    "approve",
+    "tasks",
+    "schedules",
+    "batch",
+    "children",
+    "complete-wait",
+)
 # These run tasks' code (agents and tools), so they load the agent modules before they start.
 SERVING_COMMANDS = ("dev", "api", "worker")
 
@@ -309,6 +326,8 @@ app.command()(cli_client.tail)
 app.command()(cli_client.submit)
 app.command()(cli_client.approve)
 app.command()(cli_chat.chat)
+app.command()(cli_waits.children)
+app.command("complete-wait")(cli_waits.complete_wait)
 
 
 def main() -> None:  # pragma: no cover - console entry point

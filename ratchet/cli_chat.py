@@ -3,8 +3,11 @@ RATCHET_KEY).
 
 Each line typed is a turn of a thread. The answer is printed as the model writes it (its
 ``message.delta`` events), tool calls as they are asked for and as they end, and a call that
-waits for a person is decided at the prompt. Styles are used only on a terminal: piped, the
-output is plain text.
+waits for a person is decided at the prompt. When the model asks the person a question
+(``ask_user``), it is shown and the prompt comes back: the next line is the answer (the API
+takes a thread's message as the answer to the question its turn in flight asked), and the
+same turn is followed on from where it stopped. Styles are used only on a terminal: piped,
+the output is plain text.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ratchet.cli_client import format_decision, parse_arguments, read_script
+from ratchet.cli_client import complete_command, format_decision, parse_arguments, read_script
 from ratchet.console import api_client
 from shared.statuses import TERMINAL_STATUSES, Decision
 
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 EXIT_COMMANDS = ("/exit", "/quit")
 USER, AGENT = "you> ", "agent> "
 CHOICES = {"a": Decision.APPROVE, "r": Decision.REJECT, "e": Decision.EDIT}
+ASK_USER = "ask_user"  # the built-in tool whose question the person answers at the prompt
 
 
 def chat(
@@ -48,15 +52,16 @@ def chat(
     if script:
         options |= {"model": model or "scripted", "model_options": {"script": read_script(script)}}
     _line_editing()
+    asked: dict[str, str] = {}  # a turn that asked a question: the last event of it shown
     with api_client() as client:
         opened = client.get_thread(thread) if thread else client.create_thread(agent=agent)
         say(f"thread {opened['id']} ({opened['agent']}); /exit or Ctrl-D to quit", dim=True)
         if thread:
-            _show_history(client, opened)
+            _show_history(client, opened, asked)
         try:
             while (line := _read_line()) is not None:
                 if line:
-                    _turn(client, opened["id"], line, options)
+                    _turn(client, opened["id"], line, options, asked)
         except EOFError:
             pass
         finally:
@@ -85,7 +90,7 @@ def say(text: str, *, dim: bool = False, fg: str | None = None, nl: bool = True)
     sys.stdout.flush()
 
 
-def _show_history(client: Client, opened: dict[str, Any]) -> None:
+def _show_history(client: Client, opened: dict[str, Any], asked: dict[str, str]) -> None:
     """The conversation so far. A turn still unfinished is followed instead (in full)."""
     latest = opened.get("latest_turn")
     unfinished = latest is not None and latest["status"] not in TERMINAL_STATUSES
@@ -94,7 +99,7 @@ def _show_history(client: Client, opened: dict[str, Any]) -> None:
             _show_message(message)
     if unfinished and latest is not None:
         say(f"(turn {latest['turn']} is {latest['status']}: following it)", dim=True)
-        _follow(client, latest["id"])
+        _follow(client, latest["id"], asked)
 
 
 def _show_message(message: dict[str, Any]) -> None:
@@ -121,8 +126,11 @@ def _show_outcome(status: str, name: str, result: Any, error: str | None) -> Non
     say(f"  {name} {status}: {text}", fg="red" if status == "failed" else "cyan")
 
 
-def _turn(client: Client, thread_id: str, line: str, options: dict[str, Any]) -> None:
-    """Send the line as a turn and follow it to its end; Ctrl-C cancels it."""
+def _turn(
+    client: Client, thread_id: str, line: str, options: dict[str, Any], asked: dict[str, str]
+) -> None:
+    """Send the line as a turn (or, when the turn in flight asked a question, as its answer)
+    and follow it to its end, or until it asks; Ctrl-C cancels it."""
     from ratchet.client import RatchetAPIError
 
     try:
@@ -131,7 +139,7 @@ def _turn(client: Client, thread_id: str, line: str, options: dict[str, Any]) ->
         say(f"error: {exc}", fg="red")
         return
     try:
-        _follow(client, task["id"])
+        _follow(client, task["id"], asked)
     except KeyboardInterrupt:
         typer.echo()
         client.cancel(task["id"])
@@ -180,16 +188,24 @@ class Answer:
         self.end_line()
 
 
-def _follow(client: Client, task_id: str) -> None:
+def _follow(client: Client, task_id: str, asked: dict[str, str]) -> None:
     """Print the task's answer as it is written, its tool calls and outcomes, and ask for
-    the decisions it waits for, until it ends."""
+    the decisions it waits for, until it ends or asks the person a question (then
+    ``asked`` keeps where it stopped, and the answer's follow goes on from there)."""
     answer = Answer()
-    for event in client.events(task_id, deltas=True):
-        show_event(client, event, answer)
+    with contextlib.closing(
+        client.events(task_id, after=asked.pop(task_id, 0), deltas=True)
+    ) as events:
+        for event in events:
+            if show_event(client, event, answer):
+                asked[task_id] = event.id
+                break
     answer.end_line()
 
 
-def show_event(client: Client, event: Event, answer: Answer) -> None:
+def show_event(client: Client, event: Event, answer: Answer) -> bool:
+    """Show one event of a turn; whether the turn now waits for the person's answer to a
+    question (the next line typed)."""
     data = event.data
     step = int(data.get("step") or 0)
     if event.type == "message.delta" and data.get("text"):
@@ -203,10 +219,12 @@ def show_event(client: Client, event: Event, answer: Answer) -> None:
             _show_call(call)
     elif event.type == "step.tool_call":
         answer.end_line()
-        if data.get("decision"):
-            say(f"  {format_decision(data)}", dim=True)
-        else:
-            _show_outcome(data["status"], data["name"], data.get("result"), data.get("error"))
+        _show_tool_call(data)
+    elif event.type == "task.waiting":
+        answer.end_line()
+        return _show_questions((data.get("waiting") or {}).get("waits", []))
+    elif event.type == "wait.settled" and data.get("kind") == "child":
+        say(f"  sub-agent task {data['child_id']} {data['status']}", dim=True)
     elif event.type == "task.awaiting_approval":
         answer.end_line()
         for call in (data.get("pending_approval") or {}).get("calls", []):
@@ -217,6 +235,38 @@ def show_event(client: Client, event: Event, answer: Answer) -> None:
     elif event.type == "task.cancelled":
         answer.end_line()
         say("(the turn was cancelled)", dim=True)
+    return False
+
+
+def _show_tool_call(data: dict[str, Any]) -> None:
+    """A call's decision, its park, or its outcome."""
+    if data.get("decision"):
+        say(f"  {format_decision(data)}", dim=True)
+    elif data["status"] == "waiting":
+        _show_parked(data["name"], data.get("wait") or {})
+    else:
+        _show_outcome(data["status"], data["name"], data.get("result"), data.get("error"))
+
+
+def _show_parked(name: str, wait: dict[str, Any]) -> None:
+    """A call that parked: on its sub-agent task, on a question (shown once the turn waits),
+    or on the outside world (with the command that completes it)."""
+    if wait.get("kind") == "child":
+        say(f"  {name} started sub-agent task {wait['child_id']}", dim=True)
+    elif name != ASK_USER and wait.get("token"):
+        say(f"  {name} waits: {complete_command(wait['token'])}", dim=True)
+
+
+def _show_questions(waits: list[dict[str, Any]]) -> bool:
+    """Show the questions the turn asks (``ask_user``); whether it asks one."""
+    questions = [w for w in waits if w.get("tool") == ASK_USER and w.get("status") == "pending"]
+    for wait in questions:
+        request = wait.get("request")
+        question = request.get("question") if isinstance(request, dict) else request
+        say(f"agent asks> {question}", fg="yellow")
+    if questions:
+        say("(your next line answers it)", dim=True)
+    return bool(questions)
 
 
 def _decide(client: Client, task_id: str, call: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ DECIDED = {Decision.APPROVE: "approved", Decision.EDIT: "edited", Decision.REJEC
 
 def tail(task_id: str, after: int = 0) -> None:
     """Print a task's events as they happen (RATCHET_URL, RATCHET_KEY), until it ends: one
-    line each, and under a wait for approval a line per waiting call."""
+    line each, and under a wait for approval or on durable waits a line per waiting call."""
     with api_client() as client:
         client.get(task_id)  # a wrong id or a server that is down: say so now, not after retries
         for event in client.events(task_id, after=after):
@@ -31,8 +31,9 @@ def tail(task_id: str, after: int = 0) -> None:
 
 
 def format_event(event: Event) -> list[str]:
-    """An event as ``tail`` prints it: ``seq type data``. A wait for approval and a decision
-    are told in words (with the command that decides each waiting call); the rest is JSON."""
+    """An event as ``tail`` prints it: ``seq type data``. A wait for approval or on durable
+    waits, a decision and a settled wait are told in words (with the command that decides or
+    completes each waiting call); the rest is JSON."""
     head = f"{event.seq:>4} {event.type:<22} "
     data = event.data
     if event.type == "task.awaiting_approval":
@@ -42,6 +43,13 @@ def format_event(event: Event) -> list[str]:
         return [head + summary, *(DATA_COLUMN + format_waiting_call(data["id"], c) for c in calls)]
     if event.type == "step.tool_call" and data.get("decision"):
         return [head + format_decision(data)]
+    if event.type == "task.waiting":
+        waiting = data.get("waiting") or {}
+        waits = waiting.get("waits", [])
+        summary = f"step {waiting.get('step')}: {len(waits)} call(s) wait"
+        return [head + summary, *(DATA_COLUMN + format_wait(data["id"], w) for w in waits)]
+    if event.type == "wait.settled":
+        return [head + format_settled(data)]
     return [head + json.dumps(data)]
 
 
@@ -51,6 +59,32 @@ def format_waiting_call(task_id: str, call: dict[str, Any]) -> str:
         f"{call['deadline']} (else {call['on_timeout']}): "
         f"ratchet approve {task_id} {call['call_id']} [--reject | --edit JSON]"
     )
+
+
+def format_wait(task_id: str, wait: dict[str, Any]) -> str:
+    """A call a waiting task waits on: its child task, or what the outside world is asked
+    for with the command that completes it."""
+    head = f"call {wait['call_id']} {wait.get('tool') or ''}".rstrip()
+    if wait["kind"] == "child":
+        return f"{head} waits for its sub-agent task {wait['child_id']}: ratchet children {task_id}"
+    deadline = f", complete by {wait['deadline']} (else {wait['on_timeout']})"
+    return (
+        f"{head} {json.dumps(wait.get('request'))}{deadline if wait.get('deadline') else ''}: "
+        f"{complete_command(wait['token'])}"
+    )
+
+
+def complete_command(token: str) -> str:
+    return f"ratchet complete-wait {token} [JSON | --text TEXT]"
+
+
+def format_settled(data: dict[str, Any]) -> str:
+    """A settled wait in words: whose, how, by whom."""
+    what = f"sub-agent task {data['child_id']}" if data["kind"] == "child" else data["token"]
+    told = f"call {data['call_id']}: {what} {data['status']}"
+    if data.get("settled_by") and data["kind"] != "child":
+        told += f" by {data['settled_by']}"
+    return f"{told}: {data['error']}" if data.get("error") else told
 
 
 def format_decision(data: dict[str, Any]) -> str:

@@ -359,6 +359,52 @@ class Client:
             if left <= 0:
                 raise TimeoutError(f"task {task_id} is still {task['status']}")
 
+    # Sub-agents and durable waits: a task's children, and completing what a task waits for.
+    CHILDREN_PAGE = 200  # a task's children asked for at a time (the API's most)
+
+    def children(self, task_id: str) -> list[dict[str, Any]]:
+        """The tasks the task's sub-agent calls started (one per call), in the order they
+        started (every page). Each is a Task with ``parent_id`` and ``root_id``; its own
+        ``children`` go a level down."""
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = {"limit": self.CHILDREN_PAGE} | ({"cursor": cursor} if cursor else {})
+            page = self._json(self._http.get(f"/v1/tasks/{task_id}/children", params=params))
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return items
+
+    def get_wait(self, token: str) -> dict[str, Any]:
+        """A durable wait (``GET /v1/waits/{token}``): its ``request`` (what it waits for),
+        ``status``, ``deadline`` and ``on_timeout``; once settled, its ``result``."""
+        return self._json(self._http.get(f"/v1/waits/{token}"))
+
+    def complete_wait(self, token: str, result: Any) -> dict[str, Any]:
+        """Complete a durable wait with ``result`` (any JSON value), which becomes the waiting
+        tool call's result; returns the wait, settled. A wait is completed once: completing
+        it again (or one its deadline or a cancel settled, or one that waits for a child
+        task) raises RatchetAPIError 409 and changes nothing."""
+        return self._json(self._http.post(f"/v1/waits/{token}", json=result))
+
+    @staticmethod
+    def complete_wait_url(url: str, result: Any, *, timeout: float = 30.0) -> dict[str, Any]:
+        """Complete a durable wait by its signed URL (a token wait's ``url`` in the Task's
+        ``waiting``, its events and ``/steps``), with no API key: the URL is the credential,
+        so whoever holds it (a CI system, a person's email) can answer. Returns the wait;
+        raises RatchetAPIError 409 once it was settled, 404 for a signature not its own."""
+        with httpx.Client(timeout=timeout) as http:
+            response = http.post(url, json=result)
+        if response.status_code >= 400:
+            try:
+                problem = response.json()
+            except ValueError:
+                problem = {"detail": response.text}
+            raise RatchetAPIError(response.status_code, problem)
+        wait: dict[str, Any] = response.json()
+        return wait
+
     def create_thread(
         self, *, agent: str = "default", metadata: Mapping[str, str] | None = None
     ) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """The task list (filters in the URL, keyset pages, bulk cancel and retry) and the task page
-(steps, conversation, events, webhook deliveries, cancel and retry), and the task's event
-stream for a session: the API's stream (``api.task_events``), its live ``message.delta``
-events included, so the page shows the answer as the model writes it."""
+(steps, conversation, events, webhook deliveries, cancel and retry; its family of sub-agent
+tasks and its durable waits, each pending one with a form that completes it), and the task's
+event stream for a session: the API's stream (``api.task_events``), its live
+``message.delta`` events included, so the page shows the answer as the model writes it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Annotated, Any
@@ -24,6 +26,7 @@ from api.params import event_position
 from api.schemas.content import decoded_size
 from api.stream_limits import limits
 from shared.actions import tasks as task_actions
+from shared.actions import waits as wait_actions
 from shared.actions import webhooks as webhook_actions
 from shared.actions.effects import after_commit
 from shared.agents.registry import get_registry
@@ -33,22 +36,28 @@ from shared.ops import search
 from shared.ops.search import TaskFilter
 from shared.ops.sessions import Login
 from shared.statuses import TERMINAL_STATUSES, TaskStatus
-from shared.store import checkpoints, ledger
+from shared.store import checkpoints, families, ledger
+from shared.store import waits as wait_store
 from shared.store.db import get_sessionmaker
 from shared.store.events import list_events
 from shared.store.summaries import list_summaries
-from shared.store.tables import Step, Task, utcnow
-from shared.views import aware, usage_of
+from shared.store.tables import Step, Task, Wait, utcnow
+from shared.views import aware, task_view, usage_of
 from shared.webhooks import deliveries as webhook_deliveries
 
 router = APIRouter(prefix=PATH, include_in_schema=False)
 PAGE = 50
+TREE_MOST = 200  # tasks of a family tree shown on a task page (the rest: a note)
+MAX_RESULT_BYTES = 256 * 1024  # a wait's result from the page, as the API takes at most
 FILTERS = (
     *("tenant", "status", "agent", "model", "metadata", "error"),
     *("created_after", "created_before", "id"),
 )
 ACTIONS = {  # action → (the states it applies to, the verb shown)
-    "cancel": ((TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.AWAITING_APPROVAL), "cancel"),
+    "cancel": (
+        (TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.AWAITING_APPROVAL, TaskStatus.WAITING),
+        "cancel",
+    ),
     "retry": ((TaskStatus.FAILED,), "retry"),
 }
 
@@ -208,10 +217,14 @@ def _task(login: Login, task_id: str) -> dict[str, Any]:
             session, task_id, after=None, limit=100
         )
         tenant = search.tenant_names(session, [task.tenant_id])[task.tenant_id]
+        family = _family(session, task)
+        waits = _waits(session, task_id)
     by_step: dict[int, list[Any]] = {}
     for call in calls:
         by_step.setdefault(call.step_number, []).append(call)
-    return {
+    return family | {
+        "waits": waits,
+        "wait_tools": {c.call_id: c.tool for c in calls},
         "task": task,
         "tenant": tenant,
         "steps": [(s, by_step.get(s.number, [])) for s in steps],
@@ -227,6 +240,52 @@ def _task(login: Login, task_id: str) -> dict[str, Any]:
         "step_status": checkpoints.status,  # derived, not stored (nor is a call's key)
         "call_key": ledger.idempotency_key,
     }
+
+
+def _family(session: Session, task: Task) -> dict[str, Any]:
+    """The task's parent and root (each None when it is the task, or the root its parent),
+    the tree of tasks below it, and what its settled children used."""
+    parent = session.get(Task, task.parent_id) if task.parent_id else None
+    root = None
+    if task.root_id and task.root_id not in (task.id, task.parent_id):
+        root = session.get(Task, task.root_id)
+    tree, more = family_tree(session, task.id)
+    view = task_view(task)
+    return {
+        "parent": parent,
+        "root": root,
+        "tree": [(depth, row, task_view(row).usage) for depth, row in tree],
+        "tree_more": more,
+        "children_usage": view.children_usage,
+        "total_usage": view.usage,
+    }
+
+
+def family_tree(
+    session: Session, task_id: str, *, most: int = TREE_MOST
+) -> tuple[list[tuple[int, Task]], bool]:
+    """The tasks below ``task_id``, each after its parent and in the order its parent's calls
+    started them, with its depth below the task (1: a child); at most ``most`` of them, and
+    whether more were left out. The depth limit bounds the recursion."""
+    shown: list[tuple[int, Task]] = []
+
+    def visit(parent_id: str, depth: int) -> bool:
+        rows, next_id = families.children(session, parent_id, limit=most)
+        for row in rows:
+            if len(shown) == most:
+                return True
+            shown.append((depth, row))
+            if visit(row.id, depth + 1):
+                return True
+        return next_id is not None
+
+    return shown, visit(task_id, 1)
+
+
+def _waits(session: Session, task_id: str) -> list[Wait]:
+    """Every durable wait of the task's calls, settled or not, in the order they parked."""
+    query = select(Wait).where(Wait.task_id == task_id)
+    return list(session.scalars(query.order_by(Wait.step_number, Wait.created_at)))
 
 
 def waterfall(task: Task, steps: Sequence[Step]) -> dict[int, dict[str, float]]:
@@ -322,6 +381,56 @@ async def task_action(request: Request, login: CheckedLogin, task_id: str, actio
         flash = await run_in_threadpool(_act, login, task_id, action)
     except NotFound as exc:
         return page(request, "error.html", login, status=404, message=str(exc))
+    return _to_task(task_id, flash)
+
+
+def wait_result(form: dict[str, str]) -> Any:
+    """The result a wait's form sends: its text as it is, or (``format`` "json") as JSON."""
+    text = form.get("result", "")
+    if len(text.encode()) > MAX_RESULT_BYTES:
+        raise InvalidRequest("result", f"must be at most {MAX_RESULT_BYTES} bytes")
+    if form.get("format") != "json":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest("result", f"not JSON: {exc}") from None
+
+
+def _complete(login: Login, task_id: str, token: str, form: dict[str, str]) -> str:
+    """Complete the task's wait ``token`` from the page, as the session's key would; the
+    task's tenant is the session's own (an operator acts in the task's)."""
+    result = wait_result(form)
+    with get_sessionmaker()() as session:
+        with session.begin():
+            tenant_id = _task_row(session, login, task_id).tenant_id
+            found = wait_store.by_token(session, token)
+            if found is None or found.task_id != task_id:
+                raise NotFound(f"no wait {token} on task {task_id}")
+        wait, effects = wait_actions.complete(
+            session,
+            token,
+            result,
+            tenant_id=tenant_id,
+            by=f"key:{login.principal.key_id} (dashboard)",
+        )
+    after_commit(effects)
+    return f"Completed the wait of call {wait.call_id}: the task runs on with its result"
+
+
+@router.post("/tasks/{task_id}/waits/{token}", response_class=HTMLResponse)
+async def complete_wait(
+    request: Request, login: CheckedLogin, task_id: str, token: str
+) -> Response:
+    """A pending wait's form: its result becomes the waiting call's result, once (a wait
+    settled meanwhile is said so, and nothing changes)."""
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    try:
+        flash = await run_in_threadpool(_complete, login, task_id, token, form)
+    except NotFound as exc:
+        return page(request, "error.html", login, status=404, message=str(exc))
+    except RatchetError as exc:
+        flash = f"Not completed: {exc}"
     return _to_task(task_id, flash)
 
 

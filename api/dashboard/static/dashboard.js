@@ -21,11 +21,19 @@ function showPaused() {
 }
 
 // A region marked data-live="N" is fetched again every N seconds and swapped in place,
-// unless live updates are paused, a box in it is ticked (a selection in progress), or it
-// is final (a finished task's page stops once it has shown the end).
+// unless live updates are paused, a box in it is ticked (a selection in progress), someone
+// is writing in one of its text fields (an answer, a reason), or it is final (a finished
+// task's page stops once it has shown the end).
+function editing(region) {
+  const focused = document.activeElement;
+  if (focused && region.contains(focused) && focused.matches("textarea, input[type=text], input:not([type])")) return true;
+  return [...region.querySelectorAll("textarea")].some((box) => box.value !== box.defaultValue);
+}
+
 async function refresh(region) {
   if (paused || document.hidden) return;
   if (region.hasAttribute("data-hold-when-checked") && region.querySelector("input:checked")) return;
+  if (editing(region)) return;
   const response = await fetch(location.href, { headers: { "X-Live": "1" }, credentials: "same-origin" });
   if (response.redirected || !response.ok) return;
   const html = new DOMParser().parseFromString(await response.text(), "text/html");
@@ -50,7 +58,8 @@ function refreshAll() {
 // reconnection replays are skipped by their ids (a committed event's seq, a delta's
 // "<seq>.<pos>").
 const COMMITTED = ["task.queued", "task.started", "step.model_response", "step.tool_call",
-  "step.completed", "task.awaiting_approval", "task.succeeded", "task.failed", "task.cancelled"];
+  "step.completed", "task.awaiting_approval", "task.waiting", "wait.settled", "task.succeeded",
+  "task.failed", "task.cancelled"];
 const ENDS = ["task.succeeded", "task.failed", "task.cancelled"];
 const follow = { path: null, source: null, seq: 0, pos: 0, step: 0, text: "", calls: [] };
 
