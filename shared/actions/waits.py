@@ -48,8 +48,8 @@ def complete(
         if wait.status != WaitStatus.PENDING:
             raise Conflict(f"wait {token} was already settled: {wait.status}")
         store.settle(session, token, status=WaitStatus.COMPLETED, payload=payload, by=by)
+        session.refresh(wait)  # as settled: what its ``wait.settled`` event tells
         deliveries, resumed = _logged(session, task, wait)
-        session.refresh(wait)
     return wait, of_task(task.id, deliveries, wake=resumed) if deliveries else NONE
 
 
