@@ -5,6 +5,7 @@ token, in the task's tenant only; and the task list filters by ``waiting``."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -145,6 +146,7 @@ def test_a_pending_waits_form_completes_it_once_and_the_task_runs_on(
         assert wait is not None
         assert (wait.status, wait.payload) == ("completed", "eu-west-1")
         assert wait.settled_by is not None and wait.settled_by.endswith("(dashboard)")
+        wait_by = wait.settled_by
         assert session.get(Task, task_id).status == "running"  # type: ignore[union-attr]
 
     again = client.post(f"/dashboard/tasks/{task_id}/waits/{token}", data=form | {"result": "x"})
@@ -152,6 +154,14 @@ def test_a_pending_waits_form_completes_it_once_and_the_task_runs_on(
     assert drive(task_id) == "succeeded"
     steps = client.get(f"/v1/tasks/{task_id}/steps", headers=tenant.headers).json()["items"]
     assert steps[0]["tool_calls"][0]["result"] == "eu-west-1"  # the first answer, once
+    # Its event tells the wait as settled: by whom, with what.
+    events = client.get(f"/v1/tasks/{task_id}/events", headers=tenant.headers).text
+    [settled] = [
+        json.loads(block.split("data: ", 1)[1])
+        for block in events.split("\n\n")
+        if "event: wait.settled" in block
+    ]
+    assert (settled["status"], settled["settled_by"]) == ("completed", wait_by)
 
 
 def test_a_waits_form_refuses_bad_json_a_missing_token_and_another_tenant(
