@@ -1,6 +1,7 @@
 """What ``ratchet chat`` prints for a turn's events, piped (no styles): a failed turn says
-why, a step whose call is asked again is told and its new text follows, and a committed
-answer prints only what the live pieces had not shown (all of it when none came)."""
+why, a step whose call is asked again is told and its new text follows, a committed
+answer prints only what the live pieces had not shown (all of it when none came), and a turn
+that waits shows the question it asks the person (and stops there for the answer)."""
 
 from __future__ import annotations
 
@@ -72,4 +73,30 @@ def test_a_committed_answer_shows_what_the_pieces_did_not(
     )
     assert out == (
         '  tool calculator {"expression": "6*7"}\n  calculator succeeded: 42\nagent> It is 42.\n'
+    )
+
+
+def test_a_turn_that_asks_shows_its_question_and_stops_for_the_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    question = {
+        "kind": "token",
+        "tool": "ask_user",
+        "status": "pending",
+        "token": "wt_1",
+        "request": {"question": "Staging or production?"},
+    }
+    child = {"kind": "child", "tool": "researcher", "status": "pending", "child_id": "c-1"}
+    answer = Answer()
+    client = cast(Client, None)
+    parked = {"step": 1, "name": "researcher", "status": "waiting", "wait": child}
+    assert show_event(client, Event(3, "step.tool_call", parked), answer) is False
+    waiting = {"id": "t-1", "waiting": {"step": 1, "waits": [child, question]}}
+    assert show_event(client, Event(4, "task.waiting", waiting), answer) is True
+    only_children = {"id": "t-1", "waiting": {"step": 1, "waits": [child]}}
+    assert show_event(client, Event(4, "task.waiting", only_children), answer) is False
+    assert capsys.readouterr().out == (
+        "  researcher started sub-agent task c-1\n"
+        "agent asks> Staging or production?\n"
+        "(your next line answers it)\n"
     )
