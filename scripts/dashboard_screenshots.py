@@ -5,6 +5,8 @@ run (succeeded, failed, cancelled and running tasks). Uses the system's Chromium
     python scripts/dashboard_screenshots.py http://127.0.0.1:8011 KEY docs/dashboard
 
 A fourth argument, names separated by commas (``thread,task-live``), takes only those.
+``family`` (a task with sub-agent tasks and a question for the person) needs the test agents:
+run the server with ``RATCHET_AGENT_MODULES=tests.sample_agents``.
 """
 
 from __future__ import annotations
@@ -164,11 +166,39 @@ def streaming(client: httpx.Client) -> str:
     )
 
 
+def family(client: httpx.Client) -> str:
+    """A lead that handed three questions to sub-agents (which answered) and asked the person
+    a question in the same step: parked on it, with its children's tree and usage."""
+    delegate = [
+        {"name": "researcher", "arguments": {"task": "Which regions had incidents in May?"}},
+        {"name": "researcher", "arguments": {"task": "What does each region cost per hour?"}},
+        {"name": "napper", "arguments": {"task": "Wait for the build to settle."}},
+        {"name": "ask_user", "arguments": {"question": "Deploy release 4.2 to eu-west-1 now?"}},
+    ]
+    task = client.post(
+        "/v1/tasks",
+        json={
+            "agent": "lead",
+            "input": "Pick a region for release 4.2 and deploy it.",
+            "model": "scripted",
+            "model_options": {"script": [{"tool_calls": delegate}, {"content": "Deployed."}]},
+            "metadata": {"release": "4.2"},
+        },
+    ).json()["id"]
+    for _ in range(300):
+        children = client.get(f"/v1/tasks/{task}/children").json()["items"]
+        if len(children) == 3 and {c["status"] for c in children} == {"succeeded"}:
+            break
+        time.sleep(0.1)
+    return str(task)
+
+
 def shoot_live(url: str, key: str, out: Path, names: set[str]) -> None:
-    """The thread page, and a task page while its answer is being written."""
+    """The thread page, a task page while its answer is being written, and a task's family."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
         thread = seed_thread(client)
         task = streaming(client) if "task-live" in names else None
+        parent = family(client) if "family" in names else None
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium")
         page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -184,6 +214,14 @@ def shoot_live(url: str, key: str, out: Path, names: set[str]) -> None:
             page.locator("[data-partial] pre").filter(has_text="three days").wait_for()
             page.locator("#conv-h").scroll_into_view_if_needed()
             page.screenshot(path=str(out / "task-live.png"), full_page=True)
+        if parent is not None:
+            page.goto(f"{url}/dashboard/tasks/{parent}")
+            page.locator("blockquote.question").wait_for()
+            waits = page.locator("#waits-h").locator("xpath=..").bounding_box()
+            assert waits is not None
+            height = waits["y"] + waits["height"] + 16
+            clip = {"x": 0, "y": 0, "width": 1400, "height": height}
+            page.screenshot(path=str(out / "family.png"), full_page=True, clip=clip)
         browser.close()
 
 

@@ -310,3 +310,41 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
     assert "you> again" in piped.stdout
     assert "wire_money succeeded: wired 5 to bob" in piped.stdout
     assert "\x1b" not in piped.stdout  # not a terminal: plain text
+
+
+def test_ratchet_chat_shows_the_question_a_turn_asks_and_the_next_line_answers_it(
+    terminal: Any, client: Client, tmp_path: Path
+) -> None:
+    script = tmp_path / "ask.json"
+    ask = tool_turn("ask_user", question="Staging or production?")
+    script.write_text(json.dumps([ask, {"content": "Deploying to staging now."}]))
+    chat = terminal("--agent", "default", "--script", str(script))
+    chat.wait_for("you> ")
+    chat.type("deploy the release\n")
+    chat.wait_for("agent asks> Staging or production?")
+    chat.wait_for("(your next line answers it)")
+    chat.wait_for("you> ")  # the turn waits; the prompt is back for the answer
+    chat.type("staging\n")
+    chat.wait_for("ask_user succeeded: staging")
+    chat.wait_for("agent> Deploying to staging now.")
+    chat.wait_for("you> ")
+    chat.type("/exit\n")
+    chat.wait_for("--thread ")
+    chat.wait_for("\n")
+    assert chat.close() == 0
+    thread_id = RESUME.findall(chat.output)[-1]
+
+    # One turn, whose call's result is the answer; the turn was followed on from where it
+    # asked, so nothing of it was shown twice.
+    thread = client.get_thread(thread_id)
+    assert (thread["turns"], thread["latest_turn"]["status"]) == (1, "succeeded")
+    [call] = [c for step in client.steps(thread["latest_turn"]["id"]) for c in step["tool_calls"]]
+    assert (call["name"], call["result"]) == ("ask_user", "staging")
+    assert chat.output.count("agent asks>") == 1
+    assert chat.output.count("tool ask_user") == 1
+    assert [m["role"] for m in client.messages(thread_id)] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]

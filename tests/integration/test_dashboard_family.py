@@ -104,11 +104,14 @@ def test_the_task_page_shows_the_tree_below_it_and_links_its_parent_and_root(
     grandchild = client.get(f"/dashboard/tasks/{grandchildren[0]}").text
     parent = re.search(r'id="family-parent"><a href="/dashboard/tasks/([^"]+)"', grandchild)
     top = re.search(r'id="family-root"><a href="/dashboard/tasks/([^"]+)"', grandchild)
-    assert parent is not None and parent.group(1) == lead
-    assert top is not None and top.group(1) == root
+    assert parent is not None
+    assert parent.group(1) == lead
+    assert top is not None
+    assert top.group(1) == root
     # A child's root is its parent: named once, as its parent.
     child = client.get(f"/dashboard/tasks/{second}").text
-    assert 'id="family-parent"' in child and 'id="family-root"' not in child
+    assert 'id="family-parent"' in child
+    assert 'id="family-root"' not in child
     # Each settled sub-agent call's wait is shown with its child.
     assert child.count('class="pending wait"') == 0
     assert page.count('class="pending wait"') == 2
@@ -145,12 +148,14 @@ def test_a_pending_waits_form_completes_it_once_and_the_task_runs_on(
         wait = session.get(Wait, token)
         assert wait is not None
         assert (wait.status, wait.payload) == ("completed", "eu-west-1")
-        assert wait.settled_by is not None and wait.settled_by.endswith("(dashboard)")
+        assert wait.settled_by is not None
+        assert wait.settled_by.endswith("(dashboard)")
         wait_by = wait.settled_by
         assert session.get(Task, task_id).status == "running"  # type: ignore[union-attr]
 
     again = client.post(f"/dashboard/tasks/{task_id}/waits/{token}", data=form | {"result": "x"})
-    assert "Not completed" in again.text and "already settled" in again.text
+    assert "Not completed" in again.text
+    assert "already settled" in again.text
     assert drive(task_id) == "succeeded"
     steps = client.get(f"/v1/tasks/{task_id}/steps", headers=tenant.headers).json()["items"]
     assert steps[0]["tool_calls"][0]["result"] == "eu-west-1"  # the first answer, once
@@ -179,7 +184,8 @@ def test_a_waits_form_refuses_bad_json_a_missing_token_and_another_tenant(
     csrf = login(client, tenant.key)
     assert client.post(path, data={"result": "eu", "format": "text"}).status_code == 403
     bad = client.post(path, data={"csrf_token": csrf, "result": "{eu", "format": "json"})
-    assert "Not completed" in bad.text and "not JSON" in bad.text
+    assert "Not completed" in bad.text
+    assert "not JSON" in bad.text
     elsewhere = client.post(
         f"/dashboard/tasks/{task_id}/waits/wt_nope", data={"csrf_token": csrf, "result": "eu"}
     )
