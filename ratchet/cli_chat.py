@@ -193,13 +193,12 @@ def _follow(client: Client, task_id: str, asked: dict[str, str]) -> None:
     the decisions it waits for, until it ends or asks the person a question (then
     ``asked`` keeps where it stopped, and the answer's follow goes on from there)."""
     answer = Answer()
-    with contextlib.closing(
-        client.events(task_id, after=asked.pop(task_id, 0), deltas=True)
-    ) as events:
-        for event in events:
-            if show_event(client, event, answer):
-                asked[task_id] = event.id
-                break
+    # Left mid-stream when the turn asks: the stream's generator is dropped as this returns,
+    # which closes its connection.
+    for event in client.events(task_id, after=asked.pop(task_id, 0), deltas=True):
+        if show_event(client, event, answer):
+            asked[task_id] = event.id
+            break
     answer.end_line()
 
 
