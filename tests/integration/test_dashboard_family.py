@@ -1,7 +1,8 @@
 """The task page's family and waits over HTTP (no browser): a task's tree of sub-agent tasks
 (children and grandchildren, each linked, with its parent and root), its children's usage,
 and its durable waits; a pending wait's form completes it once, with the session's CSRF
-token, in the task's tenant only; and the task list filters by ``waiting``."""
+token, in the task's tenant only; and the task list filters by ``waiting``, whose tasks a
+bulk cancel takes."""
 
 from __future__ import annotations
 
@@ -199,13 +200,20 @@ def test_a_waits_form_refuses_bad_json_a_missing_token_and_another_tenant(
         assert session.get(Wait, token).payload == {"region": "eu"}  # type: ignore[union-attr]
 
 
-def test_the_task_list_filters_by_waiting(
+def test_the_task_list_filters_by_waiting_and_a_bulk_cancel_takes_waiting_tasks(
     client: TestClient, make_tenant: Callable[..., TenantHandle], drive: Callable[..., str]
 ) -> None:
     tenant = admin(make_tenant)
-    task_id, _ = waiting_on_a_question(client, tenant, drive)
-    login(client, tenant.key)
+    task_id, token = waiting_on_a_question(client, tenant, drive)
+    csrf = login(client, tenant.key)
     listed = client.get("/dashboard/tasks?status=waiting").text
     assert '<option value="waiting" selected>' in listed
     assert f'data-task="{task_id}"' in listed
     assert f'data-task="{task_id}"' not in client.get("/dashboard/tasks?status=running").text
+
+    form = {"csrf_token": csrf, "action": "cancel:matching", "status": "waiting"}
+    done = client.post("/dashboard/tasks/bulk", data=form | {"confirmed": "yes"})
+    assert "Cancelled 1 task(s)" in done.text
+    with transaction() as session:
+        assert session.get(Task, task_id).status == "cancelled"  # type: ignore[union-attr]
+        assert session.get(Wait, token).status == "cancelled"  # type: ignore[union-attr]
