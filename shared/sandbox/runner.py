@@ -4,9 +4,10 @@ Two launchers, chosen once per process (``shared.sandbox.host``):
 
 - :class:`Bubblewrap` (the default) runs the code under Debian's ``bwrap`` in new user, pid,
   network, IPC and UTS namespaces: a read-only view of ``/usr`` (and the few ``/etc`` files the
-  dynamic linker and Python read), a fresh ``/proc`` and ``/dev``, a small private ``/tmp``,
-  the task's workspace as ``/workspace`` and nothing else of the host; no network device but
-  loopback; an environment of ``PATH``, ``HOME`` and ``LANG`` alone.
+  dynamic linker and Python read), a fresh ``/proc`` and ``/dev``, a small private ``/tmp``
+  and ``/dev/shm``, the task's workspace as ``/workspace`` and nothing else of the host, all
+  but those three read-only; no network device but loopback; an environment of ``PATH``,
+  ``HOME`` and ``LANG`` alone.
 - :class:`UnsafeSubprocess` (an operator's explicit choice) runs it as a plain child process
   in the workspace, with the same limits but none of the isolation.
 
@@ -20,6 +21,7 @@ kernel kills every process left in the namespace.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import selectors
@@ -40,6 +42,8 @@ WORKSPACE = "/workspace"
 READ_CHUNK = 65_536
 # How often a run looks at its task's cancellation while the code prints nothing.
 CANCEL_POLL_SECONDS = 0.2
+# How long bwrap may take to exit once the code's pid namespace was killed.
+TEARDOWN_SECONDS = 5.0
 # What of /etc the dynamic linker and Python read; the rest (passwd, shadow, hosts, the
 # worker's configuration) is not there.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
@@ -116,12 +120,21 @@ class Result:
         }
 
 
+@dataclass(frozen=True)
+class Started:
+    """A run's process tree: its leader, which leads a new process group, and (bubblewrap)
+    the pipe on which bwrap says which process is the init of the code's pid namespace."""
+
+    process: subprocess.Popen[bytes]
+    namespace_info: int | None = None
+
+
 class Launcher(Protocol):
-    """Starts the code's process tree for one run; its leader leads a new process group."""
+    """Starts the code's process tree for one run."""
 
     name: str
 
-    def start(self, workspace: Path, *, limits: Limits, code: int) -> subprocess.Popen[bytes]: ...
+    def start(self, workspace: Path, *, limits: Limits, code: int) -> Started: ...
 
 
 def _as_user(uid: int | None) -> dict[str, Any]:
@@ -139,31 +152,46 @@ class Bubblewrap:
     uid: int | None = None
     name: str = "bubblewrap"
 
-    def start(self, workspace: Path, *, limits: Limits, code: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [self.bwrap, *self.arguments(workspace, limits), "python3", *limits.bootstrap_args()],
-            stdin=code,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            # bwrap's own environment is what /proc/1/environ shows inside: keep it empty.
-            env={"PATH": SANDBOX_PATH},
-            cwd="/",
-            start_new_session=True,
-            umask=0o077,
-            **_as_user(self.uid),
-        )
+    def start(self, workspace: Path, *, limits: Limits, code: int) -> Started:
+        info, info_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        arguments = ["--info-fd", str(info_w), *self.arguments(workspace, limits)]
+        try:
+            process = subprocess.Popen(
+                [self.bwrap, *arguments, "python3", *limits.bootstrap_args()],
+                stdin=code,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(info_w,),
+                # bwrap's own environment is what /proc/1/environ shows inside: keep it empty.
+                env={"PATH": SANDBOX_PATH},
+                cwd="/",
+                start_new_session=True,
+                umask=0o077,
+                **_as_user(self.uid),
+            )
+        except BaseException:
+            os.close(info)
+            raise
+        finally:
+            os.close(info_w)
+        return Started(process, namespace_info=info)
 
     def arguments(self, workspace: Path, limits: Limits) -> list[str]:
         namespaces = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
         namespaces += ["--unshare-uts", "--unshare-cgroup-try", "--disable-userns"]
-        process = ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        # The code is the namespace's init: bwrap's own child, which bwrap reaps, so nothing
+        # is orphaned to the host's init; when it exits the kernel kills the rest.
+        process = ["--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
         environment = ["--clearenv", "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp"]
         environment += ["--setenv", "LANG", "C.UTF-8"]
         system = ["--ro-bind", "/usr", "/usr", *self._system_dirs(), *self._etc()]
         private = ["--proc", "/proc", "--dev", "/dev"]
-        private += ["--size", str(limits.file_bytes), "--tmpfs", "/tmp"]
+        for scratch in ("/tmp", "/dev/shm"):  # each no bigger than one file may be
+            private += ["--size", str(limits.file_bytes), "--tmpfs", scratch]
         private += ["--bind", str(workspace), WORKSPACE, "--chdir", WORKSPACE]
-        return [*namespaces, *process, *environment, *system, *private]
+        # bwrap builds the root and /dev in memory: read-only, nothing can fill them.
+        sealed = ["--remount-ro", "/dev", "--remount-ro", "/"]
+        return [*namespaces, *process, *environment, *system, *private, *sealed]
 
     @staticmethod
     def _system_dirs() -> list[str]:
@@ -193,7 +221,10 @@ class UnsafeSubprocess:
     uid: int | None = None
     name: str = "unsafe-subprocess"
 
-    def start(self, workspace: Path, *, limits: Limits, code: int) -> subprocess.Popen[bytes]:
+    def start(self, workspace: Path, *, limits: Limits, code: int) -> Started:
+        return Started(self._popen(workspace, limits=limits, code=code))
+
+    def _popen(self, workspace: Path, *, limits: Limits, code: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [self.python, *limits.bootstrap_args()],
             stdin=code,
@@ -219,13 +250,14 @@ def run(
     it left there. Every process the run started is gone when this returns."""
     code = _memory_file(source)
     try:
-        process = launcher.start(workspace, limits=limits, code=code)
+        started = launcher.start(workspace, limits=limits, code=code)
     finally:
         os.close(code)
+    process = started.process
     try:
         out, err, timed_out, truncated = _supervise(process, limits, cancelled or threading.Event())
     finally:
-        _kill_group(process)
+        _tear_down(started)
     return Result(
         exit_code=process.wait(),
         stdout=_text(out),
@@ -286,17 +318,47 @@ def _exits_within(process: subprocess.Popen[bytes], seconds: float) -> bool:
     return bool(ready)
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the run's process group (bwrap, or the code and whatever it forked), then
-    close the pipes: nothing of the run outlives it."""
+def _tear_down(started: Started) -> None:
+    """Kill the init of the code's pid namespace (the kernel then kills every process in it,
+    and bwrap, which reaps it, exits), then SIGKILL the run's process group (bwrap, or the
+    code and whatever it forked without bwrap). Nothing of the run outlives it."""
+    process = started.process
+    init = _namespace_init(started) if _running(process) else None
+    if init is not None:
+        try:
+            signal.pidfd_send_signal(init, signal.SIGKILL)
+            process.wait(timeout=TEARDOWN_SECONDS)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass  # gone already; or bwrap is stuck, and the group's SIGKILL below ends it
+        finally:
+            os.close(init)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass  # the whole group has exited (its leader is not reaped yet)
+        pass  # the whole group has exited (its leader may not be reaped yet)
     process.wait()
     for stream in (process.stdout, process.stderr):
         if stream is not None:
             stream.close()
+    if started.namespace_info is not None:
+        os.close(started.namespace_info)
+
+
+def _running(process: subprocess.Popen[bytes]) -> bool:
+    """Whether the process has not exited, without reaping it."""
+    return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+
+
+def _namespace_init(started: Started) -> int | None:
+    """A pidfd of the code's pid namespace init, as bwrap told it (None: it did not get so
+    far, or the init is gone already)."""
+    if started.namespace_info is None:
+        return None
+    try:
+        said = json.loads(os.read(started.namespace_info, READ_CHUNK) or b"{}")
+        return os.pidfd_open(int(said["child-pid"]))
+    except (BlockingIOError, ValueError, KeyError, TypeError, ProcessLookupError):
+        return None
 
 
 def _text(data: bytes) -> str:
