@@ -103,7 +103,7 @@ def _name_worker(sender: Any, **_: Any) -> None:
 def _load_registry(**_: Any) -> None:
     egress.warn_if_open(get_settings())
     get_registry()
-    sandbox.check()  # one line says whether run_python can run here, and why not
+    sandbox.check(quiet=True)  # once, before the fork; said when the worker is ready
     tokens.bundled()  # before the fork: the processes share it, and no step waits for it
     providers.preload()  # likewise the SDKs of the providers set up
     tracing.configure("ratchet-worker")
@@ -115,6 +115,7 @@ def _load_registry(**_: Any) -> None:
 
 @signals.worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
+    sandbox.announce()  # one line: whether run_python can run here, and why not
     sweeper.start()
     dispatcher.start()
     if not presence.forks():  # the steps run in this process (a threads pool)

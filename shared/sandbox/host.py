@@ -34,11 +34,13 @@ class Availability:
 
 
 _checked: dict[tuple[object, ...], Availability] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()
 
 
-def check() -> Availability:
-    """This process's sandbox for the current settings, checked (and logged) the first time."""
+def check(*, quiet: bool = False) -> Availability:
+    """This process's sandbox for the current settings, checked the first time, and then
+    logged unless ``quiet`` (a worker checks before its logging is set up, and before it
+    forks, so its pool processes inherit the answer; it logs it with :func:`announce`)."""
     settings = get_settings()
     key = (
         settings.sandbox,
@@ -48,7 +50,9 @@ def check() -> Availability:
     )
     with _lock:
         if key not in _checked:
-            _checked[key] = _announce(_probe(settings))
+            _checked[key] = _probe(settings)
+            if not quiet:
+                announce()
         return _checked[key]
 
 
@@ -60,7 +64,9 @@ def _probe(settings: Settings) -> Availability:
     if settings.sandbox == "unsafe-subprocess":
         python = shutil.which("python3", path=runner.SANDBOX_PATH)
         if python is None:
-            return Availability(None, f"run_python is unavailable: no python3 in {runner.SANDBOX_PATH}")
+            return Availability(
+                None, f"run_python is unavailable: no python3 in {runner.SANDBOX_PATH}"
+            )
         launcher = runner.UnsafeSubprocess(python, uid)
     else:
         bwrap = shutil.which(settings.sandbox_bwrap)
@@ -98,8 +104,9 @@ def _try(launcher: runner.Launcher, settings: Settings) -> str:
     return f"does not start on this host{uid}: {detail}"
 
 
-def _announce(availability: Availability) -> Availability:
-    """The one line a process logs about its sandbox."""
+def announce() -> None:
+    """Log the one line that says whether, and how, this process runs code."""
+    availability = check(quiet=True)
     launcher = availability.launcher
     if launcher is None:
         log.warning("%s", availability.reason)
@@ -111,4 +118,3 @@ def _announce(availability: Availability) -> Availability:
         )
     else:
         log.info("run_python runs code in a %s sandbox", launcher.name)
-    return availability

@@ -21,6 +21,7 @@ kernel kills every process left in the namespace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -132,7 +133,8 @@ class Started:
 class Launcher(Protocol):
     """Starts the code's process tree for one run."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def start(self, workspace: Path, *, limits: Limits, code: int) -> Started: ...
 
@@ -284,7 +286,8 @@ def _supervise(
     the task is cancelled; then wait for the exit within what is left of the wall time.
     Returns (stdout, stderr, timed out, truncated). The process is never reaped here, so its
     process group cannot be another's when it is killed."""
-    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
     deadline = time.monotonic() + limits.wall_seconds
     out, err = process.stdout.fileno(), process.stderr.fileno()
     kept = {out: bytearray(), err: bytearray()}
@@ -332,10 +335,8 @@ def _tear_down(started: Started) -> None:
             pass  # gone already; or bwrap is stuck, and the group's SIGKILL below ends it
         finally:
             os.close(init)
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the group has exited (not reaped yet)
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # the whole group has exited (its leader may not be reaped yet)
     process.wait()
     for stream in (process.stdout, process.stderr):
         if stream is not None:

@@ -11,6 +11,7 @@ own uid, which owns the workspace: the sandbox directory is then only traversabl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -99,10 +100,8 @@ def _make_removable(path: Path) -> None:
         return
     for directory, subdirectories, _ in os.walk(path):
         for name in (directory, *(os.path.join(directory, d) for d in subdirectories)):
-            try:
+            with contextlib.suppress(OSError):  # gone, or a link
                 os.chmod(name, 0o700, follow_symlinks=False)
-            except OSError:
-                pass
 
 
 def present() -> list[str]:
