@@ -13,7 +13,7 @@ from shared.agents.calculator import MAX_EXPRESSION_LENGTH, evaluate
 from shared.agents.registry import Agent, ToolContext, register_agent, tool
 from shared.agents.waiting import Wait
 from shared.errors import SandboxUnavailable, ToolError
-from shared.sandbox import host, runner, workspaces
+from shared.sandbox import host, runs, workspaces
 from shared.settings import get_settings
 from shared.webhooks.egress import check_url
 
@@ -99,11 +99,11 @@ def run_python(
     sandbox = host.check()
     if sandbox.launcher is None:
         raise SandboxUnavailable(sandbox.reason)
-    result = runner.run(
+    result = runs.run(
         sandbox.launcher,
         code,
         workspace=workspaces.open_workspace(context.task_id),
-        limits=runner.Limits.from_settings(get_settings()),
+        limits=runs.Limits.from_settings(get_settings()),
         cancelled=context.cancelled,
     )
     return result.to_dict()

@@ -15,7 +15,7 @@ import shutil
 import threading
 from dataclasses import dataclass, replace
 
-from shared.sandbox import runner, workspaces
+from shared.sandbox import runs, workspaces
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger("ratchet.sandbox")
@@ -29,7 +29,7 @@ PROBE_SECONDS = 30.0
 class Availability:
     """A launcher to run code with, or the reason there is none."""
 
-    launcher: runner.Launcher | None
+    launcher: runs.Launcher | None
     reason: str = ""
 
 
@@ -60,14 +60,14 @@ def _probe(settings: Settings) -> Availability:
     if settings.sandbox == "off":
         return Availability(None, "run_python is off on this worker (RATCHET_SANDBOX=off)")
     uid = workspaces.sandbox_uid(settings)
-    launcher: runner.Launcher
+    launcher: runs.Launcher
     if settings.sandbox == "unsafe-subprocess":
-        python = shutil.which("python3", path=runner.SANDBOX_PATH)
+        python = shutil.which("python3", path=runs.SANDBOX_PATH)
         if python is None:
             return Availability(
-                None, f"run_python is unavailable: no python3 in {runner.SANDBOX_PATH}"
+                None, f"run_python is unavailable: no python3 in {runs.SANDBOX_PATH}"
             )
-        launcher = runner.UnsafeSubprocess(python, uid)
+        launcher = runs.UnsafeSubprocess(python, uid)
     else:
         bwrap = shutil.which(settings.sandbox_bwrap)
         if bwrap is None:
@@ -76,7 +76,7 @@ def _probe(settings: Settings) -> Availability:
                 f"run_python is unavailable: bubblewrap ({settings.sandbox_bwrap}) is not "
                 f"installed on this host; install Debian's bubblewrap package ({GUIDE})",
             )
-        launcher = runner.Bubblewrap(bwrap, uid)
+        launcher = runs.Bubblewrap(bwrap, uid)
     problem = _try(launcher, settings)
     if problem:
         return Availability(
@@ -85,13 +85,13 @@ def _probe(settings: Settings) -> Availability:
     return Availability(launcher)
 
 
-def _try(launcher: runner.Launcher, settings: Settings) -> str:
+def _try(launcher: runs.Launcher, settings: Settings) -> str:
     """Run a program that prints ``ok`` as the tool would; what went wrong, or ''."""
-    limits = replace(runner.Limits.from_settings(settings), wall_seconds=PROBE_SECONDS)
+    limits = replace(runs.Limits.from_settings(settings), wall_seconds=PROBE_SECONDS)
     path = workspaces.root(settings) / PROBE_WORKSPACE
     try:
         workspace = workspaces.create(path)
-        result = runner.run(launcher, "print('ok')", workspace=workspace, limits=limits)
+        result = runs.run(launcher, "print('ok')", workspace=workspace, limits=limits)
     except OSError as exc:
         return f"cannot start: {exc}"
     finally:
