@@ -233,7 +233,7 @@ class Settings(BaseSettings):
     sandbox_timeout_seconds: float = Field(30.0, gt=0, le=3600)
     sandbox_cpu_seconds: int = Field(30, ge=1, le=3600)
     sandbox_memory_mb: int = Field(512, ge=64, le=65_536)
-    sandbox_max_processes: int = Field(32, ge=2, le=4096)
+    sandbox_max_processes: int = Field(16, ge=2, le=4096)
     sandbox_max_output_bytes: int = Field(100_000, ge=1024, le=100_000_000)
     sandbox_max_file_mb: int = Field(64, ge=1, le=65_536)
     sandbox_uid: int = Field(65534, ge=1, le=4_294_967_294)
