@@ -11,8 +11,10 @@ unless the operator set ``RATCHET_SANDBOX=unsafe-subprocess``.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
+import uuid
 from dataclasses import dataclass, replace
 
 from shared.sandbox import runs, workspaces
@@ -88,7 +90,8 @@ def _probe(settings: Settings) -> Availability:
 def _try(launcher: runs.Launcher, settings: Settings) -> str:
     """Run a program that prints ``ok`` as the tool would; what went wrong, or ''."""
     limits = replace(runs.Limits.from_settings(settings), wall_seconds=PROBE_SECONDS)
-    path = workspaces.root(settings) / PROBE_WORKSPACE
+    # A name of its own: worker processes on one host may probe at once.
+    path = workspaces.root(settings) / f"{PROBE_WORKSPACE}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         workspace = workspaces.create(path)
         result = runs.run(launcher, "print('ok')", workspace=workspace, limits=limits)

@@ -13,10 +13,11 @@ Two launchers, chosen once per process (``shared.sandbox.host``):
 
 Either way the code is read from a memory file on stdin by the system's ``python3 -I``, after a
 few lines set its resource limits (CPU seconds, address space, processes, file size, no core
-files); the run's wall time and the bytes read of its stdout and stderr are bounded here. The
-launcher's process leads a process group of its own, and the whole group is killed when the
-run ends, however it ends; under bubblewrap the pid namespace's init dies with it, and the
-kernel kills every process left in the namespace.
+files) and the lowest priority; the run's wall time and the bytes read of its stdout and
+stderr are bounded here. When the run ends, however it ends, its process tree is killed:
+under bubblewrap the code is the init of its pid namespace, killed first, and the kernel kills
+every process left in the namespace with it; then the launcher's process group (bwrap, or the
+unsafe subprocess and what it forked) is killed too.
 """
 
 from __future__ import annotations
@@ -166,8 +167,7 @@ class Bubblewrap:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=(info_w,),
-                # bwrap's own environment is what /proc/1/environ shows inside: keep it empty.
-                env={"PATH": SANDBOX_PATH},
+                env={"PATH": SANDBOX_PATH},  # nothing of the worker's, even for bwrap
                 cwd="/",
                 start_new_session=True,
                 umask=0o077,
@@ -226,10 +226,7 @@ class UnsafeSubprocess:
     name: str = "unsafe-subprocess"
 
     def start(self, workspace: Path, *, limits: Limits, code: int) -> Started:
-        return Started(self._popen(workspace, limits=limits, code=code))
-
-    def _popen(self, workspace: Path, *, limits: Limits, code: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [self.python, *limits.bootstrap_args()],
             stdin=code,
             stdout=subprocess.PIPE,
@@ -240,6 +237,7 @@ class UnsafeSubprocess:
             umask=0o077,
             **_as_user(self.uid),
         )
+        return Started(process)
 
 
 def run(
