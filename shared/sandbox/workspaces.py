@@ -85,11 +85,16 @@ def remove(task_id: str) -> None:
 
 
 def remove_path(path: Path) -> None:
-    if not path.exists():
-        return
-    _make_removable(path)
-    shutil.rmtree(path, ignore_errors=True)
-    if path.exists():
+    """Remove the workspace at ``path`` if there is one; never raises."""
+    try:
+        if not path.exists():
+            return
+        _make_removable(path)
+        shutil.rmtree(path, ignore_errors=True)
+        left = path.exists()
+    except OSError:
+        left = True
+    if left:
         log.warning("workspace %s could not be removed in full; the sweeper tries again", path)
 
 
