@@ -22,6 +22,7 @@ from benchmarks import (
     mcp,
     neighbours,
     parallel_tools,
+    sandbox,
     streaming,
     submissions,
     throughput,
@@ -72,6 +73,7 @@ app.command("latency")(latency.latency)
 app.command("stream")(streaming.stream)
 app.command("waits")(waits.waits)
 app.command("parallel-tools")(parallel_tools.parallel_tools)
+app.command("sandbox")(sandbox.sandbox)
 # It takes its own options (argparse, shared with `python -m benchmarks.neighbours`).
 app.command(
     "neighbours",

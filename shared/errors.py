@@ -10,7 +10,8 @@ RatchetError
 ├── LeaseLost                   this worker no longer holds the task's lease: stop, write nothing
 ├── ToolError                   a tool call that cannot run or failed
 │   ├── ToolArgumentsInvalid    the model's arguments failed validation
-│   └── ToolOutcomeUnknown      a call that may or may not have acted (its server died mid-call)
+│   ├── ToolOutcomeUnknown      a call that may or may not have acted (its server died mid-call)
+│   └── SandboxUnavailable      run_python cannot run code on this worker (no usable sandbox)
 ├── EgressDenied                an outbound URL that the egress policy refuses
 └── ModelError                  a model provider call failed
     ├── ModelTransientError     worth retrying: timeouts, 5xx, connection errors
@@ -88,6 +89,10 @@ class ToolArgumentsInvalid(ToolError):
 
 class ToolOutcomeUnknown(ToolError):
     """The tool call was sent, and whether it took effect is unknown."""
+
+
+class SandboxUnavailable(ToolError):
+    """run_python is unavailable on this worker: it has no sandbox to run code in."""
 
 
 class EgressDenied(RatchetError):

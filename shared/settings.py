@@ -221,6 +221,22 @@ class Settings(BaseSettings):
     # the prompt with a marker saying how much; the ledger keeps it whole). A tool's own
     # max_result_chars wins over it.
     tool_result_max_chars: int = Field(50_000, ge=200, le=100_000_000)
+    # The run_python tool's sandbox (shared/sandbox): bubblewrap's namespaces, an explicitly
+    # weaker plain subprocess an operator opts into, or off. Each task's workspace lives in
+    # sandbox_dir (empty: <data_dir>/sandbox). One run's limits: wall time, CPU seconds,
+    # address space, processes, bytes read of stdout and of stderr, and the size of one file.
+    # A worker running as root starts the sandbox as sandbox_uid, so the kernel's limit on
+    # processes applies (it never does to root).
+    sandbox: Literal["bubblewrap", "unsafe-subprocess", "off"] = "bubblewrap"
+    sandbox_bwrap: str = "bwrap"
+    sandbox_dir: Path | None = None
+    sandbox_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    sandbox_cpu_seconds: int = Field(30, ge=1, le=3600)
+    sandbox_memory_mb: int = Field(512, ge=64, le=65_536)
+    sandbox_max_processes: int = Field(16, ge=2, le=4096)
+    sandbox_max_output_bytes: int = Field(100_000, ge=1024, le=100_000_000)
+    sandbox_max_file_mb: int = Field(64, ge=1, le=65_536)
+    sandbox_uid: int = Field(65534, ge=1, le=4_294_967_294)
 
     # The context window (shared/context_window.py): each model's window in tokens, as JSON
     # ({"openai:my-model": 32768}) over the table of known models; the window of a model in

@@ -13,6 +13,7 @@ from shared.agents.registry import get_registry
 from shared.constants import ADVANCE_TASK, ADVANCE_TASKS, DELIVER_WEBHOOK_TASK
 from shared.observability import logs, tracing
 from shared.queue import enqueue_steps, get_celery
+from shared.sandbox import host as sandbox
 from shared.settings import get_settings
 from shared.store.db import reset_engines
 from shared.webhooks import egress
@@ -102,6 +103,7 @@ def _name_worker(sender: Any, **_: Any) -> None:
 def _load_registry(**_: Any) -> None:
     egress.warn_if_open(get_settings())
     get_registry()
+    sandbox.check(quiet=True)  # once, before the fork; said when the worker is ready
     tokens.bundled()  # before the fork: the processes share it, and no step waits for it
     providers.preload()  # likewise the SDKs of the providers set up
     tracing.configure("ratchet-worker")
@@ -113,6 +115,7 @@ def _load_registry(**_: Any) -> None:
 
 @signals.worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
+    sandbox.announce()  # one line: whether run_python can run here, and why not
     sweeper.start()
     dispatcher.start()
     if not presence.forks():  # the steps run in this process (a threads pool)

@@ -9,7 +9,8 @@ is only waiting behind a backlog keeps its message (see ``queue.oldest_waiting_m
 that got a new message gets no other for the grace.
 
 It also applies the policy of every approval past its deadline (reject, approve, or fail the
-task), exactly once whatever else decides at the same moment.
+task), exactly once whatever else decides at the same moment, and removes the ``run_python``
+workspaces of this host's tasks that ended.
 
 Every worker process runs a sweeper thread; on Postgres an advisory lock lets one sweep
 at a time. Each sweep that held the lock is recorded for the operator's live view
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import select
 
@@ -31,6 +32,7 @@ from shared.actions.effects import Effects, after_commit
 from shared.approvals import decisions
 from shared.ops import fleet
 from shared.queue import oldest_waiting_ms, webhook_queue
+from shared.sandbox import workspaces
 from shared.settings import get_settings
 from shared.store import tasks
 from shared.store import waits as store_waits
@@ -128,11 +130,23 @@ def _waiting_since(sent_ms: int | None, offset_ms: int) -> int | None:
     return sent_ms + offset_ms - SEND_ORDER_MARGIN_MS
 
 
+def sweep_workspaces() -> int:
+    """Remove this host's workspaces of tasks that ended: every process does it for its own
+    host (a workspace lives where its code ran), without the sweep lock."""
+
+    def ended(task_ids: Collection[str]) -> list[str]:
+        with transaction() as session:
+            return tasks.ended_among(session, list(task_ids))
+
+    return workspaces.sweep(ended)
+
+
 def run(stop: threading.Event) -> None:
     interval = get_settings().sweep_interval_seconds
     while not stop.wait(interval):
         try:
             sweep_once()
+            sweep_workspaces()
         except Exception:
             log.exception("sweep failed; trying again in %s s", interval)
 

@@ -12,7 +12,8 @@ from shared.agents import http_exchange
 from shared.agents.calculator import MAX_EXPRESSION_LENGTH, evaluate
 from shared.agents.registry import Agent, ToolContext, register_agent, tool
 from shared.agents.waiting import Wait
-from shared.errors import ToolError
+from shared.errors import SandboxUnavailable, ToolError
+from shared.sandbox import host, runs, workspaces
 from shared.settings import get_settings
 from shared.webhooks.egress import check_url
 
@@ -85,11 +86,34 @@ def ask_user(
     raise Wait({"question": question}, timeout_seconds=timeout_seconds, on_timeout="tell_model")
 
 
+@tool(idempotent=True)  # its only effects are on the task's own workspace
+def run_python(
+    code: Annotated[str, Field(min_length=1, max_length=100_000)], context: ToolContext
+) -> dict[str, Any]:
+    """Run a Python 3 program (the standard library) in a sandbox and return its exit_code,
+    stdout, stderr, whether it timed_out or its output was truncated, and the files in its
+    working directory. print() what you want to read. There is no network. The working
+    directory is this task's workspace: files written there are still there for the next
+    run_python call of this task; nothing else on the machine is writable. Runs are limited
+    in time, CPU, memory, processes, output and file size."""
+    sandbox = host.check()
+    if sandbox.launcher is None:
+        raise SandboxUnavailable(sandbox.reason)
+    result = runs.run(
+        sandbox.launcher,
+        code,
+        workspace=workspaces.open_workspace(context.task_id),
+        limits=runs.Limits.from_settings(get_settings()),
+        cancelled=context.cancelled,
+    )
+    return result.to_dict()
+
+
 register_agent(
     Agent(
         name="default",
         description="A general assistant with every built-in tool.",
         system_prompt="You are a helpful assistant. Use the tools when they help.",
-        tools=("calculator", "current_time", "sleep", "http_request", "ask_user"),
+        tools=("calculator", "current_time", "sleep", "http_request", "ask_user", "run_python"),
     )
 )

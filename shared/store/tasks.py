@@ -496,3 +496,18 @@ def mark_redispatched(
         .execution_options(synchronize_session=False)
     ).all()
     return [(row.id, row.steps + 1) for row in rows]
+
+
+def ended_among(session: Session, task_ids: Sequence[str]) -> list[str]:
+    """Those of ``task_ids`` that ended (a terminal status) or do not exist: the tasks whose
+    scratch files nothing will read again."""
+    if not task_ids:
+        return []
+    live = set(
+        session.scalars(
+            select(Task.id).where(
+                Task.id.in_(task_ids), Task.status.not_in(in_order(TERMINAL_STATUSES))
+            )
+        )
+    )
+    return [task_id for task_id in task_ids if task_id not in live]

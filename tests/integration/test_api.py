@@ -759,7 +759,14 @@ def test_agents_lists_default_with_its_tools_and_schemas(
     agents = {a["name"]: a for a in response.json()["items"]}
     default = agents["default"]
     tools = {t["name"]: t for t in default["tools"]}
-    assert set(tools) == {"calculator", "current_time", "sleep", "http_request", "ask_user"}
+    assert set(tools) == {
+        "calculator",
+        "current_time",
+        "sleep",
+        "http_request",
+        "ask_user",
+        "run_python",
+    }
     for tool in tools.values():
         assert tool["description"]
         assert tool["parameters"]["type"] == "object"

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from shared import failpoints
 from shared.actions import effects, waits
 from shared.errors import CancelRequested
+from shared.sandbox import workspaces
 from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store.backends import write_session
 from shared.store.batch import Part
@@ -110,9 +111,11 @@ def fenced(ctx: Context) -> Iterator[Writes]:
 
 def family_after_end(ctx: Context) -> None:
     """A task that ended settles its parent's wait on it (which resumes the parent if it was
-    its last), and cancels whatever it started that is still running. Neither may fail the
-    step: the sweeper settles what a crash here left pending."""
+    its last), cancels whatever it started that is still running, and its ``run_python``
+    workspace on this host is removed. None of it may fail the step: the sweeper settles what
+    a crash here left pending, and removes what is left of workspaces."""
     task = ctx.task
+    workspaces.remove(task.id)
     if task.parent_id is not None:
         failpoints.hit("after_child_end")
     try:
