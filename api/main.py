@@ -32,6 +32,7 @@ from api.routes import (
     limits,
     overview,
     schedules,
+    secrets,
     tasks,
     thread_events,
     threads,
@@ -192,6 +193,7 @@ def create_app() -> FastAPI:
         thread_events,
         waits,
         batches,
+        secrets,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     app.include_router(health.router, responses=ANY_REQUEST)

@@ -11,7 +11,15 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ratchet import cli_admin, cli_batches, cli_chat, cli_client, cli_schedules, cli_webhooks
+from ratchet import (
+    cli_admin,
+    cli_batches,
+    cli_chat,
+    cli_client,
+    cli_schedules,
+    cli_secrets,
+    cli_webhooks,
+)
 from ratchet.console import err
 
 
@@ -76,6 +84,7 @@ app.add_typer(cli_client.tasks, name="tasks")
 app.add_typer(cli_webhooks.webhooks, name="webhooks")
 app.add_typer(cli_schedules.schedules, name="schedules")
 app.add_typer(cli_batches.batch, name="batch")
+app.add_typer(cli_secrets.secrets, name="secrets")
 
 
 def load_benchmarks() -> typer.Typer:

@@ -603,3 +603,34 @@ class Batch(Base):
 
 # A batch's tasks, for its progress; only tasks submitted in a batch are in it.
 Index("ix_tasks_batch", Task.batch_id, **_where("batch_id IS NOT NULL"))
+
+
+class Secret(Base):
+    """A tenant's secret: its value a Fernet token (shared/vault.py), never the value itself.
+    One per (tenant, name); setting it again replaces the value."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_secrets_tenant_name"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    ciphertext: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditEntry(Base):
+    """Who changed a tenant's sensitive settings, and when: a secret set or deleted, an MCP
+    server added or removed. Names what changed, never a value."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_tenant_at", "tenant_id", "at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    # ``key:<api key id>`` over the API, ``cli`` for the operator's commands.
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(32))  # e.g. secret.set, secret.delete
+    target: Mapped[str] = mapped_column(String(200))  # the secret's name, the server's name
