@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from shared.agents.registry import Tool
 from shared.observability.redaction import redact, redact_text
-from shared.store import secrets as secret_store
+from shared.store import tenant_secrets as secret_store
 from shared.store.db import transaction
 from shared.vault import get_vault
 from workers.tool_runner import Outcome

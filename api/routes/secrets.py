@@ -11,9 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from api import params
 from api.deps import Admin, SessionDep
-from api.params import cursor_after
 from api.problems import responses
 from api.schemas.secrets import SecretList, SecretOut, SecretPut
 from shared.actions import secrets as secret_actions
@@ -44,18 +42,22 @@ def list_secrets(
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
     cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+        str | None,
+        Query(
+            max_length=100,
+            pattern=r"^[^\x00-\x1f\x7f]+$",
+            description="``next_cursor`` of the page before (the last name it listed)",
+        ),
     ] = None,
 ) -> SecretList:
-    """The tenant's secrets by name, with when each was created and last set; never a value."""
+    """The tenant's secrets by name, with when each was created and last set; never a value.
+    A page's cursor is the name it ends with (any text is a cursor: none is refused)."""
     rows = secret_actions.list_secrets(
-        session, principal.tenant_id, after=cursor_after(cursor), limit=limit + 1
+        session, principal.tenant_id, after=cursor or None, limit=limit + 1
     )
     items = [_out(row) for row in rows[:limit]]
     more = len(rows) > limit
-    return SecretList(
-        items=items, next_cursor=params.encode_cursor(items[-1].name) if more else None
-    )
+    return SecretList(items=items, next_cursor=items[-1].name if more else None)
 
 
 @router.put(

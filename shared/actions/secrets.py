@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from shared.errors import InvalidRequest
 from shared.store import audit
-from shared.store import secrets as secret_store
+from shared.store import tenant_secrets as secret_store
 from shared.store.tables import Secret
 from shared.vault import get_vault
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from ratchet.cli import app as cli
 from shared.observability import logs
 from shared.store import audit
-from shared.store import secrets as secret_store
+from shared.store import tenant_secrets as secret_store
 from shared.store.db import transaction
 from shared.store.tables import Secret, TaskEvent, ToolCall
 from shared.vault import SecretUnreadable, get_vault, new_key

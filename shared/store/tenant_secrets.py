@@ -1,4 +1,5 @@
-"""Tenant secrets as stored: one row per (tenant, name), the value a Fernet token.
+"""Tenant secrets as stored: one row per (tenant, name), the value a Fernet token. (Not the
+webhook signing secrets: those are ``shared/webhooks/secrets.py``.)
 
 Every function takes a vault or none: listing and deleting need no key, reading and writing
 a value do. Nothing here returns a value except :func:`values_for`, which the worker calls
