@@ -30,6 +30,7 @@ from api.routes import (
     health,
     keys,
     limits,
+    mcp_servers,
     overview,
     schedules,
     secrets,
@@ -194,6 +195,7 @@ def create_app() -> FastAPI:
         waits,
         batches,
         secrets,
+        mcp_servers,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     app.include_router(health.router, responses=ANY_REQUEST)

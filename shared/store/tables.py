@@ -634,3 +634,25 @@ class AuditEntry(Base):
     actor: Mapped[str] = mapped_column(String(100))
     action: Mapped[str] = mapped_column(String(32))  # e.g. secret.set, secret.delete
     target: Mapped[str] = mapped_column(String(200))  # the secret's name, the server's name
+
+
+class TenantMcpServer(Base):
+    """An MCP server a tenant registered (Streamable HTTP only): its tools are open to that
+    tenant's tasks alone, as ``<name>.<tool>``. Its headers may name the tenant's secrets
+    (``${secret:NAME}``, resolved when a process connects); they are kept encrypted, like the
+    secrets, since a header may hold a credential itself."""
+
+    __tablename__ = "tenant_mcp_servers"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name", name="uq_tenant_mcp_servers_tenant_name"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    url: Mapped[str] = mapped_column(String(2048))
+    # A Fernet token of the headers' JSON; None when there are none.
+    headers_ciphertext: Mapped[str | None] = mapped_column(Text)
+    header_names: Mapped[list[Any]]  # to show them: names only, never a value
+    timeout_seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

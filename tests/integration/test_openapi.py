@@ -146,7 +146,7 @@ def test_every_operation_passes_every_check(
             if failure:
                 failures.append(failure)
     assert not failures, "\n\n".join(failures)
-    assert len(seen) == 57, sorted(seen)
+    assert len(seen) == 60, sorted(seen)
     # The key was taken: every authenticated operation got past authentication at least once.
     assert [label for label, statuses in seen.items() if statuses <= {401}] == []
     assert {200, 422} <= seen["GET /v1/tasks/{task_id}/events"]
