@@ -112,8 +112,8 @@ def request_hash(body: TaskCreate) -> str:
 
 
 def resolve(body: TaskCreate, settings: Settings, *, tenant_id: str | None = None) -> NewTask:
-    """Validate what the schema cannot (names of agents, tools, models) and fill defaults.
-    ``tenant_id``: whose own MCP servers its tools may name too (none without it)."""
+    """Validate what the schema cannot (names of agents, tools, models) and fill defaults;
+    the tools may name ``tenant_id``'s own MCP servers too."""
     try:
         agent = get_agent(body.agent)
     except NotFound as exc:
@@ -121,11 +121,7 @@ def resolve(body: TaskCreate, settings: Settings, *, tenant_id: str | None = Non
     model = _choose_model(body, agent.model, settings=settings)
     if body.budget is not None and body.budget.max_cost_usd is not None and not is_priced(model):
         raise InvalidRequest("budget.max_cost_usd", unpriced_reason(model))
-    tools = (
-        _agent_tools(agent, tenant_id)
-        if body.tools is None
-        else _check_tools(body.tools, agent, tenant_id)
-    )
+    tools = _tools(body, agent, tenant_id)
     max_steps = body.max_steps or agent.max_steps or settings.default_max_steps
     if max_steps > settings.max_steps_limit:
         raise InvalidRequest("max_steps", f"must be at most {settings.max_steps_limit}")
@@ -246,6 +242,13 @@ def mcp_problem(name: str, *, agent: str, tenant_id: str | None = None) -> str |
     from shared.mcp import catalog
 
     return catalog.problem(name, agent=agent, tenant_id=tenant_id)
+
+
+def _tools(body: TaskCreate, agent: Agent, tenant_id: str | None) -> list[str]:
+    """The task's tools: those it names (checked), else its agent's."""
+    if body.tools is None:
+        return _agent_tools(agent, tenant_id)
+    return _check_tools(body.tools, agent, tenant_id)
 
 
 def _agent_tools(agent: Agent, tenant_id: str | None) -> list[str]:

@@ -25,9 +25,9 @@ def secrets_new_key() -> None:
 
 @secrets.command("reencrypt")
 def secrets_reencrypt() -> None:
-    """Re-encrypt every tenant's secrets under the first key of RATCHET_SECRETS_KEY (values
-    already under it are left alone: running it again changes nothing). Afterwards the other
-    keys may be removed."""
+    """Re-encrypt every tenant's secrets (and its MCP servers' headers) under the first key
+    of RATCHET_SECRETS_KEY (values already under it are left alone: running it again changes
+    nothing). Afterwards the other keys may be removed."""
     from shared.actions.secrets import reencrypt_all
     from shared.errors import Conflict
     from shared.store.db import get_sessionmaker, require_migrated
@@ -38,7 +38,7 @@ def secrets_reencrypt() -> None:
             seen, rewritten = reencrypt_all(session)
     except Conflict as exc:  # no key configured, or a value no configured key opens
         raise fail(str(exc), 1) from None
-    err(f"{seen} secret(s): {rewritten} re-encrypted under the first key, the rest already were")
+    err(f"{seen} value(s): {rewritten} re-encrypted under the first key, the rest already were")
 
 
 @secrets.command("audit")

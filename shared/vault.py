@@ -82,6 +82,11 @@ class Vault:
         except InvalidToken:
             raise SecretUnreadable() from None
 
+    def moved(self, token: str) -> str | None:
+        """``token`` re-encrypted under the first key, or None if it already is (so running a
+        re-encryption again rewrites nothing)."""
+        return None if self.under_first_key(token) else self.reencrypt(token)
+
 
 def get_vault() -> Vault:
     """The vault of the current settings; SecretsNotConfigured without a key."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from shared.errors import InvalidRequest
-from shared.store import audit
+from shared.store import audit, mcp_servers
 from shared.store import tenant_secrets as secret_store
 from shared.store.tables import Secret
 from shared.vault import get_vault
@@ -75,17 +75,20 @@ def list_secrets(
 
 
 def reencrypt_all(session: Session, *, page: int = 500) -> tuple[int, int]:
-    """Re-encrypt every tenant's secrets under the first key, a page per transaction;
-    ``(seen, rewritten)``. Idempotent: what is already under the first key is left alone.
-    SecretUnreadable (and nothing more written) if a value opens with no configured key."""
+    """Re-encrypt every tenant's secrets, and its MCP servers' headers, under the first key,
+    a page per transaction; ``(seen, rewritten)``. Idempotent: what is already under the
+    first key is left alone. SecretUnreadable (and that page not written) if a value opens
+    with no configured key."""
     vault = get_vault()
     seen = rewritten = 0
-    after: str | None = None
-    while True:
-        with session.begin():
-            count, changed, after = secret_store.reencrypt_page(
-                session, vault=vault, after=after, limit=page
-            )
-        seen, rewritten = seen + count, rewritten + changed
-        if count < page:
-            return seen, rewritten
+    for reencrypt_page in (secret_store.reencrypt_page, mcp_servers.reencrypt_page):
+        after: str | None = None
+        while True:
+            with session.begin():
+                count, changed, after = reencrypt_page(
+                    session, vault=vault, after=after, limit=page
+                )
+            seen, rewritten = seen + count, rewritten + changed
+            if count < page:
+                break
+    return seen, rewritten

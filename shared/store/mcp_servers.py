@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from shared.errors import Conflict, NotFound
 from shared.ids import new_id
 from shared.store.tables import TenantMcpServer
+from shared.vault import Vault
 
 
 def add(
@@ -96,3 +97,24 @@ def named(session: Session, tenant_id: str, names: Iterable[str]) -> Sequence[Te
             TenantMcpServer.tenant_id == tenant_id, TenantMcpServer.name.in_(wanted)
         )
     ).all()
+
+
+def reencrypt_page(
+    session: Session, *, vault: Vault, after: str | None, limit: int
+) -> tuple[int, int, str | None]:
+    """Re-encrypt under the vault's first key the headers of one page of every tenant's
+    servers (by id, after ``after``): ``(seen, rewritten, last id)``; as
+    ``tenant_secrets.reencrypt_page``, headers already under it are left alone."""
+    query = select(TenantMcpServer).order_by(TenantMcpServer.id).limit(limit).with_for_update()
+    if after is not None:
+        query = query.where(TenantMcpServer.id > after)
+    rows = session.scalars(query).all()
+    rewritten = 0
+    for row in rows:
+        if row.headers_ciphertext is None:
+            continue
+        if (moved := vault.moved(row.headers_ciphertext)) is not None:
+            row.headers_ciphertext = moved
+            rewritten += 1
+    session.flush()
+    return len(rows), rewritten, rows[-1].id if rows else None

@@ -100,8 +100,8 @@ def reencrypt_page(
     rows = session.scalars(query).all()
     rewritten = 0
     for row in rows:
-        if not vault.under_first_key(row.ciphertext):
-            row.ciphertext = vault.reencrypt(row.ciphertext)
+        if (moved := vault.moved(row.ciphertext)) is not None:
+            row.ciphertext = moved
             rewritten += 1
     session.flush()
     return len(rows), rewritten, rows[-1].id if rows else None

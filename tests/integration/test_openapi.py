@@ -58,6 +58,9 @@ SEMANTIC_422 = (
     "GET /v1/threads/{thread_id}/messages",
     "GET /v1/threads/{thread_id}/events",  # ``Last-Event-ID`` is ``<turn>:<seq>``
     "POST /v1/waits/{token}",  # a body that is JSON, within its size
+    "PUT /v1/secrets/{name}",  # a value of at most 64 KiB as UTF-8 (the schema counts characters)
+    "GET /v1/mcp-servers",
+    "POST /v1/mcp-servers",  # a URL the egress policy allows, a name not the operator's
     "POST /v1/tasks/batch",  # at most RATCHET_BATCH_MAX_TASKS items
 )
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis's default

@@ -225,3 +225,27 @@ def test_a_header_naming_a_secret_not_set_makes_its_calls_tool_errors(
     [call] = [c for s in steps for c in s["tool_calls"]]
     assert call["status"] == "failed"
     assert "MCP_TOKEN" in call["error"]
+
+
+def test_rotation_reencrypts_the_headers_too(
+    client: TestClient, admin: TenantHandle, configure: Configure, web: HttpServer
+) -> None:
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app as cli
+    from shared.mcp import tenant_servers
+    from shared.mcp.config import ServerConfig
+
+    old, new = new_key(), new_key()
+    configure(RATCHET_SECRETS_KEY=old)
+    set_secret(client, admin, "MCP_TOKEN", TOKEN)
+    registered(client, admin, web.url)
+    configure(RATCHET_SECRETS_KEY=f"{new},{old}")
+    result = CliRunner().invoke(cli, ["secrets", "reencrypt"])
+    assert result.exit_code == 0, result.output
+    assert "2 re-encrypted" in result.output  # the secret and the server's headers
+    configure(RATCHET_SECRETS_KEY=new)  # the old key removed
+    [(config, secrets)] = tenant_servers.configs(admin.id, ["mine"]).values()
+    assert isinstance(config, ServerConfig)
+    assert config.headers == {"Authorization": f"Bearer {TOKEN}", "X-Team": "blue"}
+    assert secrets == ("MCP_TOKEN",)
