@@ -39,7 +39,10 @@ def submit(
             f"this one has {len(body.tasks)}",
         )
     submission.check_rate(tenant_name, tasks=len(body.tasks))
-    items = [check_item(document, index, settings) for index, document in enumerate(body.tasks)]
+    items = [
+        check_item(document, index, settings, tenant_id=tenant_id)
+        for index, document in enumerate(body.tasks)
+    ]
     return batch_actions.submit(
         tenant_id,
         tenant_name,
@@ -49,7 +52,9 @@ def submit(
     )
 
 
-def check_item(document: dict[str, Any], index: int, settings: Settings) -> Item:
+def check_item(
+    document: dict[str, Any], index: int, settings: Settings, *, tenant_id: str | None = None
+) -> Item:
     """One item as a task spec with its own key and body hash (the hash a single submission
     of the body has, so one key names one task either way), or the error refusing it."""
     fields = {k: v for k, v in document.items() if k != KEY_FIELD}
@@ -59,7 +64,7 @@ def check_item(document: dict[str, Any], index: int, settings: Settings) -> Item
         return Item(error=_invalid(f"tasks[{index}].{KEY_FIELD}", reason))
     try:
         body = TaskCreate.model_validate(fields)
-        spec = submission.resolve(body, settings)
+        spec = submission.resolve(body, settings, tenant_id=tenant_id)
     except ValidationError as exc:
         return Item(error=_invalid_body(exc, index, document))
     except InvalidRequest as exc:

@@ -34,7 +34,7 @@ def fork(
     with get_sessionmaker()() as session, session.begin():
         origin = tasks.get_task(session, tenant_id, task_id)
         inherited, origin_version = submitted_as(origin), origin.agent_version
-    spec = submission.resolve(_merged(inherited, body), get_settings())
+    spec = submission.resolve(_merged(inherited, body), get_settings(), tenant_id=tenant_id)
     if origin_version is not None and "tools" not in body.model_fields_set:
         # The origin's agent as it ran (its prompt, its tools' schemas), not as this deploy
         # has it: what the kept steps were answered under. New tools take the agent as it is.

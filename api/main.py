@@ -30,8 +30,10 @@ from api.routes import (
     health,
     keys,
     limits,
+    mcp_servers,
     overview,
     schedules,
+    secrets,
     tasks,
     thread_events,
     threads,
@@ -192,6 +194,8 @@ def create_app() -> FastAPI:
         thread_events,
         waits,
         batches,
+        secrets,
+        mcp_servers,
     ):
         app.include_router(router.router, responses=AUTHENTICATED, dependencies=[Depends(BEARER)])
     app.include_router(health.router, responses=ANY_REQUEST)

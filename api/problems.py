@@ -258,12 +258,14 @@ async def _domain(_: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, QueueFull):
         headers = {"Retry-After": str(exc.retry_after_s)}
         return problem(429, str(exc), slug="queue-full", headers=headers)
-    status = {
+    statuses: dict[type, int] = {
         NotFound: 404,
         Conflict: 409,
         IdempotencyMismatch: 422,
         DatabaseNotMigrated: 503,
-    }.get(type(exc), 500)
+    }
+    # A subclass answers as its base does (``SecretsNotConfigured`` is a Conflict).
+    status = next((statuses[t] for t in type(exc).__mro__ if t in statuses), 500)
     if status == 500:
         log_unexpected(exc)
         return problem(500, "internal error")

@@ -65,7 +65,7 @@ def submit(
     """The whole submission, run as one call on the thread pool: checked and rate-limited
     here, then inserted (or, for a known Idempotency-Key, the original task found) by the
     submit action, in one session."""
-    spec = resolve(body, get_settings())
+    spec = resolve(body, get_settings(), tenant_id=tenant_id)
     check_rate(tenant_name)
     return task_actions.submit(
         tenant_id,
@@ -111,8 +111,9 @@ def request_hash(body: TaskCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def resolve(body: TaskCreate, settings: Settings) -> NewTask:
-    """Validate what the schema cannot (names of agents, tools, models) and fill defaults."""
+def resolve(body: TaskCreate, settings: Settings, *, tenant_id: str | None = None) -> NewTask:
+    """Validate what the schema cannot (names of agents, tools, models) and fill defaults;
+    the tools may name ``tenant_id``'s own MCP servers too."""
     try:
         agent = get_agent(body.agent)
     except NotFound as exc:
@@ -120,7 +121,7 @@ def resolve(body: TaskCreate, settings: Settings) -> NewTask:
     model = _choose_model(body, agent.model, settings=settings)
     if body.budget is not None and body.budget.max_cost_usd is not None and not is_priced(model):
         raise InvalidRequest("budget.max_cost_usd", unpriced_reason(model))
-    tools = _agent_tools(agent) if body.tools is None else _check_tools(body.tools, agent)
+    tools = _tools(body, agent, tenant_id)
     max_steps = body.max_steps or agent.max_steps or settings.default_max_steps
     if max_steps > settings.max_steps_limit:
         raise InvalidRequest("max_steps", f"must be at most {settings.max_steps_limit}")
@@ -235,29 +236,39 @@ def _run_at_ms(body: TaskCreate) -> int | None:
     return int(at * 1000)
 
 
-def mcp_problem(name: str, *, agent: str) -> str | None:
+def mcp_problem(name: str, *, agent: str, tenant_id: str | None = None) -> str | None:
     """What is wrong with an MCP tool's name for this agent (``shared.mcp.catalog.problem``),
     loaded only when a submission names one: the MCP SDK takes a while to import."""
     from shared.mcp import catalog
 
-    return catalog.problem(name, agent=agent)
+    return catalog.problem(name, agent=agent, tenant_id=tenant_id)
 
 
-def _agent_tools(agent: Agent) -> list[str]:
+def _tools(body: TaskCreate, agent: Agent, tenant_id: str | None) -> list[str]:
+    """The task's tools: those it names (checked), else its agent's."""
+    if body.tools is None:
+        return _agent_tools(agent, tenant_id)
+    return _check_tools(body.tools, agent, tenant_id)
+
+
+def _agent_tools(agent: Agent, tenant_id: str | None) -> list[str]:
     """The agent's own tools, its MCP servers declared and open to it."""
     for name in agent.tools:
-        if is_mcp_name(name) and (problem := mcp_problem(name, agent=agent.name)) is not None:
+        problem = (
+            mcp_problem(name, agent=agent.name, tenant_id=tenant_id) if is_mcp_name(name) else None
+        )
+        if problem is not None:
             raise InvalidRequest("agent", f"agent {agent.name!r} names {name!r}: {problem}")
     return list(agent.tools)
 
 
-def _check_tools(requested: list[str], agent: Agent) -> list[str]:
+def _check_tools(requested: list[str], agent: Agent, tenant_id: str | None) -> list[str]:
     """Python tools of the agent, and tools of MCP servers open to the agent (``server.*``, or
     a tool the server lists; one that cannot be listed now is taken on trust)."""
     known, allowed = get_registry().tools, agent.tools
     for index, name in enumerate(requested):
         if is_mcp_name(name):
-            if (problem := mcp_problem(name, agent=agent.name)) is not None:
+            if (problem := mcp_problem(name, agent=agent.name, tenant_id=tenant_id)) is not None:
                 raise InvalidRequest(f"tools[{index}]", problem)
             continue
         if name not in known:

@@ -17,6 +17,7 @@ from ratchet import (
     cli_chat,
     cli_client,
     cli_schedules,
+    cli_secrets,
     cli_waits,
     cli_webhooks,
 )
@@ -84,6 +85,7 @@ app.add_typer(cli_client.tasks, name="tasks")
 app.add_typer(cli_webhooks.webhooks, name="webhooks")
 app.add_typer(cli_schedules.schedules, name="schedules")
 app.add_typer(cli_batches.batch, name="batch")
+app.add_typer(cli_secrets.secrets, name="secrets")
 
 
 def load_benchmarks() -> typer.Typer:

@@ -199,6 +199,10 @@ class Settings(BaseSettings):
     # Where tool calls run unless their tool says: in a thread of the worker, or in a
     # killable tool process.
     tool_isolation: Literal["thread", "process"] = "thread"
+    # Tenant secrets (shared/vault.py): one or more Fernet keys, comma-separated; the first
+    # encrypts, every one decrypts (rotation: a new key first, `ratchet secrets reencrypt`,
+    # then drop the old). Unset: no tenant secrets can be set or handed to tools.
+    secrets_key: SecretStr | None = None
     # How many of one step's tool calls run at once (the model asked for several in one
     # answer); each outcome commits as it finishes.
     tool_concurrency: int = Field(8, ge=1, le=64)
@@ -340,6 +344,16 @@ class Settings(BaseSettings):
             return None
         if len(value.get_secret_value()) < 32:
             raise ValueError("at least 32 characters (e.g. `openssl rand -hex 32`)")
+        return value
+
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        from shared.vault import parse_keys  # imported late: it reads these settings
+
+        parse_keys(value.get_secret_value())
         return value
 
     @field_validator("openai_base_url", "anthropic_base_url", "flower_url", "public_url")

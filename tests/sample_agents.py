@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -320,5 +321,36 @@ register_agent(
             "slow_send",
             "slow_ship",
         ),
+    )
+)
+
+
+# Tenant secrets: a tool that declares one, and reports (carelessly) what it was handed; a tool
+# that declares none. Each logs the value it holds, as a careless tool would.
+_secrets_log = logging.getLogger("tests.sample_agents.secrets")
+
+
+@tool(idempotent=True, secrets=("DEPLOY_TOKEN",))
+def use_token(context: ToolContext, fail: bool = False) -> dict[str, object]:
+    """Deploy with the tenant's DEPLOY_TOKEN; returns what it was handed."""
+    token = context.secrets.get("DEPLOY_TOKEN")
+    _secrets_log.warning("deploying with token %s", token)
+    if fail:
+        raise RuntimeError(f"the deploy server refused token {token}")
+    return {"names": sorted(context.secrets), "token": token, "echo": {str(token): [token]}}
+
+
+@tool(idempotent=True)
+def peek_secrets(context: ToolContext) -> dict[str, object]:
+    """Report which tenant secrets this call was handed (it declares none)."""
+    return {"names": sorted(context.secrets), "values": sorted(context.secrets.values())}
+
+
+register_agent(
+    Agent(
+        name="deployer",
+        description="Test agent whose tools read tenant secrets.",
+        system_prompt="You deploy.",
+        tools=("use_token", "peek_secrets"),
     )
 )

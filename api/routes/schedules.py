@@ -71,7 +71,7 @@ def create_schedule(
         field = "task.run_at" if body.task.run_at is not None else "task.delay_seconds"
         raise InvalidRequest(field, "a schedule's task runs at its ticks")
     schedules.check_cron(body.cron, body.timezone)
-    spec = submission.resolve(body.task, get_settings())
+    spec = submission.resolve(body.task, get_settings(), tenant_id=principal.tenant_id)
     schedule = schedule_actions.create(
         session,
         principal.tenant_id,

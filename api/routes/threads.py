@@ -272,7 +272,9 @@ def _run_turn(principal: Principal, thread_id: str, body: TurnCreate, key: str |
     agent = _thread_agent(principal.tenant_id, thread_id)
     if "agent" in body.model_fields_set and body.agent != agent:
         raise InvalidRequest("agent", f"the thread's agent is {agent!r}; a turn runs it")
-    spec = submission.resolve(body.model_copy(update={"agent": agent}), get_settings())
+    spec = submission.resolve(
+        body.model_copy(update={"agent": agent}), get_settings(), tenant_id=principal.tenant_id
+    )
     submission.check_rate(principal.tenant_name)
     done = thread_actions.run_turn(
         principal.tenant_id,

@@ -12,7 +12,7 @@ server's ``tools`` wins over both.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -47,6 +47,9 @@ class McpTool(Tool):
     """A tool of an MCP server: each call goes to the server's session in this process."""
 
     server: str = ""
+    # This process's session with the server (connections.py) is keyed by it: the server's
+    # name, or for a tenant's own server its name and tenant (two tenants may pick one name).
+    link: str = ""
     remote_name: str = ""
     schema: dict[str, Any] = field(default_factory=dict)
     config: ServerConfig | None = None
@@ -68,7 +71,7 @@ class McpTool(Tool):
         if self.unavailable is not None or self.config is None:
             raise ToolError(self.unavailable or f"MCP server {self.server!r} is not declared")
         result = connections.call_tool(
-            self.server,
+            self.link or self.server,
             self.remote_name,
             self.validate_arguments(arguments),
             config=self.config,
@@ -77,26 +80,32 @@ class McpTool(Tool):
         return tool_result(result)
 
 
-def problem(name: str, *, agent: str, check_tool: bool = True) -> str | None:
-    """Why a task of ``agent`` may not name the MCP tool ``name``, or None if it may.
+def problem(
+    name: str, *, agent: str, tenant_id: str | None = None, check_tool: bool = True
+) -> str | None:
+    """Why a task of ``agent`` (and of ``tenant_id``) may not name the MCP tool ``name``, or
+    None if it may.
 
-    A server must be declared and allow the agent. A named tool must be on the server's list,
-    unless the server cannot be listed now: then the name is taken on trust (the server may
-    be down for a moment), and a call to a tool it does not have is a tool error later.
+    A server must be declared by the operator and allow the agent, or be one the tenant
+    registered. A named tool must be on the server's list, unless the server cannot be
+    listed now: then the name is taken on trust (the server may be down for a moment, a
+    secret its headers name may be set later), and a call to a tool it does not have is a
+    tool error later.
     """
     found = split(name)
     assert found is not None
     server, tool = found
-    config = current().get(server)
-    if config is None:
-        declared = ", ".join(sorted(current())) or "none"
+    servers = _servers([name], tenant_id)
+    if server not in servers:
+        declared = ", ".join(sorted(servers)) or "none"
         return f"unknown MCP server {server!r} in {name!r} (declared: {declared})"
-    if not config.allows(agent):
+    known = servers[server]
+    if isinstance(known.config, ServerConfig) and not known.config.allows(agent):
         return f"MCP server {server!r} is not available to agent {agent!r}"
-    if tool == WILDCARD or not check_tool:
+    if tool == WILDCARD or not check_tool or not isinstance(known.config, ServerConfig):
         return None
     try:
-        listed = _listed(server, config, timeout=API_LIST_SECONDS)
+        listed = _listed(server, known, timeout=API_LIST_SECONDS)
     except ToolError:
         return None
     if tool not in {t.remote_name for t in listed}:
@@ -104,24 +113,35 @@ def problem(name: str, *, agent: str, check_tool: bool = True) -> str | None:
     return None
 
 
-def resolve(names: Iterable[str], *, agent: str, timeout: float | None = None) -> dict[str, Tool]:
-    """The MCP tools among ``names`` by name, for a task of ``agent``: ``<server>.*`` expands
-    to every tool the server lists. A server that cannot be listed contributes the tools
-    named explicitly, as tools whose every call is a tool error (the model reads it, the task
-    goes on); an undeclared server, or one not available to the agent, contributes none.
-    ``timeout``: the longest wait for a list (by default each server's timeout)."""
+def resolve(
+    names: Iterable[str],
+    *,
+    agent: str,
+    tenant_id: str | None = None,
+    timeout: float | None = None,
+) -> dict[str, Tool]:
+    """The MCP tools among ``names`` by name, for a task of ``agent`` (and of ``tenant_id``,
+    whose own servers count too): ``<server>.*`` expands to every tool the server lists. A
+    server that cannot be listed (or whose headers name a secret that cannot be read)
+    contributes the tools named explicitly, as tools whose every call is a tool error (the
+    model reads it, the task goes on); an undeclared server, or one not available to the
+    agent, contributes none. ``timeout``: the longest wait for a list (by default each
+    server's timeout)."""
+    names = list(names)
     tools: dict[str, Tool] = {}
-    servers = current()
+    servers = _servers(names, tenant_id)
     for name in names:
         found = split(name)
         if found is None:
             continue
         server, tool = found
-        config = servers.get(server)
-        if config is None or not config.allows(agent):
+        known = servers.get(server)
+        if known is None:
+            continue
+        if isinstance(known.config, ServerConfig) and not known.config.allows(agent):
             continue
         try:
-            listed = _listed(server, config, timeout=timeout)
+            listed = _listed(server, known, timeout=timeout)
         except ToolError as exc:
             if tool != WILDCARD:
                 tools[name] = _unavailable(name, server, tool, str(exc))
@@ -134,52 +154,85 @@ def resolve(names: Iterable[str], *, agent: str, timeout: float | None = None) -
     return tools
 
 
-def may_wait(names: Iterable[str], *, agent: str) -> bool:
+def may_wait(names: Iterable[str], *, agent: str, tenant_id: str | None = None) -> bool:
     """Whether :func:`resolve` may have to ask a server (to list its tools) rather than answer
     from this process's lists at once."""
     from shared.settings import get_settings
 
-    ttl, servers = get_settings().mcp_tools_ttl_seconds, current()
+    names = list(names)
+    ttl, servers = get_settings().mcp_tools_ttl_seconds, _servers(names, tenant_id)
     for name in names:
         found = split(name)
-        config = servers.get(found[0]) if found is not None else None
-        if found is None or config is None or not config.allows(agent):
+        known = servers.get(found[0]) if found is not None else None
+        if known is None or not isinstance(known.config, ServerConfig):
             continue
-        if not connections.listed_within(found[0], config=config, max_age=ttl):
+        if not known.config.allows(agent):
+            continue
+        if not connections.listed_within(known.link, config=known.config, max_age=ttl):
             return True
     return False
 
 
 def listed_tools(server: str) -> list[McpTool]:
-    """The tools ``server`` lists now, as Ratchet tools (ToolError if it cannot be listed)."""
+    """The tools the operator's ``server`` lists now, as Ratchet tools (ToolError if it
+    cannot be listed)."""
     config = current().get(server)
     if config is None:
         raise ToolError(f"unknown MCP server {server!r}")
-    return list(_listed(server, config))
+    return list(_listed(server, Server(config, link=server)))
 
 
-def _listed(
-    server: str, config: ServerConfig, *, timeout: float | None = None
-) -> tuple[McpTool, ...]:
+@dataclass(frozen=True)
+class Server:
+    """A server a task may name: its configuration (or why it cannot be used now: a tenant's
+    server whose headers name a secret that cannot be read), the key of this process's
+    session with it, and the tenant secrets its headers name (its tools' results and this
+    process's logs are redacted of them, as a Python tool's that declares them)."""
+
+    config: ServerConfig | str
+    link: str
+    secrets: tuple[str, ...] = ()
+
+
+def _servers(names: Iterable[str], tenant_id: str | None) -> dict[str, Server]:
+    """The operator's servers, and (only when ``names`` name a server the operator has not
+    declared, and a tenant is given) those of the tenant's own servers: one query, then."""
+    operator = current()
+    servers = {name: Server(config, link=name) for name, config in operator.items()}
+    wanted = {found[0] for name in names if (found := split(name)) is not None} - set(operator)
+    if tenant_id is None or not wanted:
+        return servers
+    from shared.mcp import tenant_servers  # reads the database
+
+    for name, (config, secrets) in tenant_servers.configs(tenant_id, wanted).items():
+        servers[name] = Server(config, link=f"{name}@{tenant_id}", secrets=secrets)
+    return servers
+
+
+def _listed(server: str, known: Server, *, timeout: float | None = None) -> tuple[McpTool, ...]:
     from shared.settings import get_settings
 
+    if not isinstance(known.config, ServerConfig):
+        raise ToolError(known.config)
     ttl = get_settings().mcp_tools_ttl_seconds
-    listing = connections.list_tools(server, config=config, max_age=ttl, timeout=timeout)
-    return _as_tools(server, config, listing)
+    listing = connections.list_tools(known.link, config=known.config, max_age=ttl, timeout=timeout)
+    return _as_tools(server, known, listing)
 
 
-_converted: dict[tuple[str, ServerConfig], tuple[tuple[types.Tool, ...], tuple[McpTool, ...]]] = {}
+_converted: dict[tuple[str, Server], tuple[tuple[types.Tool, ...], tuple[McpTool, ...]]] = {}
 
 
-def _as_tools(
-    server: str, config: ServerConfig, listing: tuple[types.Tool, ...]
-) -> tuple[McpTool, ...]:
+def _as_tools(server: str, known: Server, listing: tuple[types.Tool, ...]) -> tuple[McpTool, ...]:
     """A listing's tools as Ratchet tools, made once per listing (steps ask on each lease)."""
-    key = (server, config)
+    key = (server, known)
     kept = _converted.get(key)
     if kept is not None and kept[0] is listing:
         return kept[1]
-    made = tuple(as_tool(server, config, each) for each in listing)
+    assert isinstance(known.config, ServerConfig)
+    made = tuple(
+        replace(as_tool(server, known.config, each), link=known.link, secrets=known.secrets)
+        for each in listing
+    )
     _converted[key] = (listing, made)
     return made
 

@@ -8,7 +8,9 @@ across workers. Text lines carry the same fields at their end.
 A step binds its fields with :func:`bound`; anything logged inside (by Ratchet, an agent's
 tool, or a library) carries them. Ratchet's own log calls name tasks, steps, models and
 hosts, never keys, webhook secrets or request bodies. httpx's own line for each request it
-sends names the URL: its user info and query values are redacted (:class:`RedactUrls`).
+sends names the URL: its user info and query values are redacted (:class:`RedactUrls`). The
+values of the tenant secrets handed to tool calls running in the process are redacted from
+every record (``shared.observability.redaction``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from shared.observability.redaction import RedactSecrets
 
 FIELDS = ("task_id", "step", "lease_epoch")
 _bound: ContextVar[dict[str, Any]] = ContextVar("ratchet_log_fields", default={})  # noqa: B039 - never mutated
@@ -61,7 +65,8 @@ class JsonFormatter(logging.Formatter):
             **_fields(record),
         }
         if record.exc_info:
-            line["exc_info"] = self.formatException(record.exc_info)
+            # A filter may have set the text already (RedactSecrets, redacted): keep it.
+            line["exc_info"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(line, default=str)
 
 
@@ -116,6 +121,7 @@ def configure(*, log_format: str, level: str | int, capture_warnings: bool = Fal
     handler = logging.StreamHandler(sys.stderr)
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.addFilter(RedactSecrets())  # the values of tenant secrets handed to running calls
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
         root.removeHandler(old)

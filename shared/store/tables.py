@@ -603,3 +603,56 @@ class Batch(Base):
 
 # A batch's tasks, for its progress; only tasks submitted in a batch are in it.
 Index("ix_tasks_batch", Task.batch_id, **_where("batch_id IS NOT NULL"))
+
+
+class Secret(Base):
+    """A tenant's secret: its value a Fernet token (shared/vault.py), never the value itself.
+    One per (tenant, name); setting it again replaces the value."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_secrets_tenant_name"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    ciphertext: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditEntry(Base):
+    """Who changed a tenant's sensitive settings, and when: a secret set or deleted, an MCP
+    server added or removed. Names what changed, never a value."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_tenant_at", "tenant_id", "at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    # ``key:<api key id>`` over the API, ``cli`` for the operator's commands.
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(32))  # e.g. secret.set, secret.delete
+    target: Mapped[str] = mapped_column(String(200))  # the secret's name, the server's name
+
+
+class TenantMcpServer(Base):
+    """An MCP server a tenant registered (Streamable HTTP only): its tools are open to that
+    tenant's tasks alone, as ``<name>.<tool>``. Its headers may name the tenant's secrets
+    (``${secret:NAME}``, resolved when a process connects); they are kept encrypted, like the
+    secrets, since a header may hold a credential itself."""
+
+    __tablename__ = "tenant_mcp_servers"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name", name="uq_tenant_mcp_servers_tenant_name"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    url: Mapped[str] = mapped_column(String(2048))
+    # A Fernet token of the headers' JSON; None when there are none.
+    headers_ciphertext: Mapped[str | None] = mapped_column(Text)
+    header_names: Mapped[list[Any]]  # to show them: names only, never a value
+    timeout_seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -185,7 +185,7 @@ def task_tools(
     if mcp and any(is_mcp_name(name) for name in task.tools):
         from shared.mcp import catalog  # the MCP SDK loads only where a task names a server
 
-        tools |= catalog.resolve(task.tools, agent=task.agent)
+        tools |= catalog.resolve(task.tools, agent=task.agent, tenant_id=task.tenant_id)
     return tools
 
 
@@ -199,7 +199,7 @@ def with_mcp_tools(ctx: Context) -> Context:
     # A server to start or list: wait as for a tool, without the step's turn.
     from shared.mcp import catalog
 
-    waiting = catalog.may_wait(task.tools, agent=task.agent)
+    waiting = catalog.may_wait(task.tools, agent=task.agent, tenant_id=task.tenant_id)
     with step_pool.waiting() if waiting else nullcontext():
         ctx.tools = task_tools(task)
     return ctx

@@ -12,14 +12,15 @@ from opentelemetry.trace import StatusCode
 
 from shared import failpoints
 from shared.agents.registry import Tool, ToolContext
-from shared.observability import metrics, tracing
+from shared.observability import metrics, redaction, tracing
 from shared.statuses import Decision, TaskStatus
 from shared.store import checkpoints, ledger
 from shared.store.batch import Part
 from shared.store.events import tool_call_data
 from shared.store.ledger import CallStatus
 from shared.store.step_write import finish_task, log_events
-from workers import cancels, tool_runner
+from shared.vault import SecretsNotConfigured, SecretUnreadable
+from workers import cancels, tool_runner, tool_secrets
 from workers.providers import ToolCallRequest
 from workers.steps import approval_waits, parking
 from workers.steps.commits import TaskEnded, cancel, complete_current_step, fenced
@@ -145,6 +146,10 @@ def invoke(
     if tool.agent is not None:  # a sub-agent: its child task, not a function, does the work
         started: tool_runner.Outcome = parking.start_subagent(ctx, call, call_id, tool)
         return started
+    try:
+        secrets = tool_secrets.for_call(ctx.task.tenant_id, tool)
+    except (SecretsNotConfigured, SecretUnreadable) as exc:
+        return tool_runner.Outcome(ok=False, error=f"{tool.name} cannot run: {exc}")
     watch = cancels.current()
     context = ToolContext(
         task_id=ctx.task.id,
@@ -152,9 +157,11 @@ def invoke(
         call_id=call_id,
         idempotency_key=ledger.idempotency_key(ctx.task.id, call_id),
         cancelled=watch.cancelled if watch is not None else threading.Event(),
+        secrets=secrets,
     )
-    with tracing.tool_span(tool.name, call_id=call_id) as span:
-        outcome = tool_runner.execute(tool, call.arguments, context)
+    with tracing.tool_span(tool.name, call_id=call_id) as span, redaction.in_flight(secrets):
+        # Redacted before anything stores or shows it: the ledger, events, the model, spans.
+        outcome = tool_secrets.redacted(tool_runner.execute(tool, call.arguments, context), secrets)
         if not outcome.ok:
             span.set_status(StatusCode.ERROR, outcome.error or "failed")
     return outcome

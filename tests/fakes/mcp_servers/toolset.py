@@ -1,9 +1,10 @@
 """The tools both test servers serve, and the files they record to.
 
 ``MCP_FAKE_DIR/starts``: one line per server start (its pid). ``MCP_FAKE_DIR/calls``: one
-JSON line per call, written before the tool acts: ``{"tool", "arguments", "key", "pid"}``,
-``key`` being the ``ratchet/idempotency_key`` of the call's ``_meta``. The slow tools end
-early once the file ``MCP_FAKE_DIR/release`` exists.
+JSON line per call, written before the tool acts: ``{"tool", "arguments", "key", "pid",
+"authorization"}``, ``key`` being the ``ratchet/idempotency_key`` of the call's ``_meta`` and
+``authorization`` the request's header (HTTP only). The slow tools end early once the file
+``MCP_FAKE_DIR/release`` exists.
 """
 
 from __future__ import annotations
@@ -55,7 +56,17 @@ def _append(name: str, line: str) -> None:
 def _record(tool: str, arguments: dict[str, Any], ctx: Context) -> None:
     meta = ctx.request_context.meta or {}
     key = dict(meta).get(META_KEY)
-    entry = {"tool": tool, "arguments": arguments, "key": key, "pid": os.getpid()}
+    # Over HTTP, the request's Authorization header (what the client was configured to send).
+    request = getattr(ctx.request_context, "request", None)
+    headers = getattr(request, "headers", None)
+    authorization = headers.get("authorization") if headers is not None else None
+    entry = {
+        "tool": tool,
+        "arguments": arguments,
+        "key": key,
+        "pid": os.getpid(),
+        "authorization": authorization,
+    }
     _append("calls", json.dumps(entry))
 
 
