@@ -9,8 +9,11 @@ from pydantic import ValidationError
 from shared.settings import Settings, describe_invalid
 from shared.vault import SecretUnreadable, Vault, new_key
 
+# A fixed valid key: test ids must be the same in every runner process (xdist).
+VALID = "0rRJkNgqs2-xnomzlRqbUXl66hskJi9zqmCK6BQO2To="
 
-@pytest.mark.parametrize("value", ["changethis", "changeme", f"{new_key()},not-a-key"])
+
+@pytest.mark.parametrize("value", ["changethis", "changeme", f"{VALID},not-a-key"])
 def test_a_placeholder_or_invalid_key_is_refused_in_one_line(value: str) -> None:
     with pytest.raises(ValidationError) as caught:
         Settings(secrets_key=value)  # type: ignore[arg-type]
