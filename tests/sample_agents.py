@@ -379,6 +379,13 @@ def exit_abruptly(status: int = 3) -> str:
     os._exit(status)
 
 
+@tool(isolation="process", on_unknown_outcome="tell_model")
+def burn_cpu() -> str:
+    """Spin for ever."""
+    while True:
+        pass
+
+
 @tool(isolation="process", idempotent=True)
 def whoami(context: ToolContext, echo: str = "") -> dict[str, object]:
     """Say which process runs the call, what it was told, and print to stdout meanwhile."""
@@ -432,6 +439,7 @@ register_agent(
             "fork_bomb",
             "segfault",
             "exit_abruptly",
+            "burn_cpu",
             "whoami",
             "spawn_sleeper",
             "grow",

@@ -247,9 +247,9 @@ class Pool:
     def __init__(self, size: int) -> None:
         self.size = size
         self._free: list[ToolProcess] = []
+        self._calling: set[ToolProcess] = set()
         self._live = 0
         self._changed = threading.Condition()
-        self._env = _environment()
         groups.adopt_orphans()  # the processes of the groups it kills come back to be reaped
 
     def acquire(self, *, wait: float) -> ToolProcess:
@@ -257,10 +257,22 @@ class Pool:
         frees up within ``wait`` s. Waits, and starts processes, without the step's turn."""
         with self._changed:
             process = self._take_free()
-        if process is not None:
-            return process
-        with step_pool.waiting():
-            return self._wait_for_one(wait)
+        if process is None:
+            with step_pool.waiting():
+                process = self._wait_for_one(wait)
+        with self._changed:
+            self._calling.add(process)
+        return process
+
+    @property
+    def live(self) -> int:
+        """How many processes this pool has (free, in a call, or starting)."""
+        return self._live
+
+    def calling(self) -> list[ToolProcess]:
+        """The processes running a call now."""
+        with self._changed:
+            return list(self._calling)
 
     def _take_free(self) -> ToolProcess | None:
         while self._free:
@@ -294,7 +306,7 @@ class Pool:
             return ToolProcess.start(
                 memory_mb=settings.tool_process_memory_limit_mb,
                 timeout=settings.tool_process_start_timeout_seconds,
-                env=self._env,
+                env=_environment(),
             )
         except BaseException:
             self._gone()
@@ -306,6 +318,7 @@ class Pool:
         why = _replace_because(process, reply)
         if why is None:
             with self._changed:
+                self._calling.discard(process)
                 self._free.append(process)
                 self._changed.notify()
             return
@@ -313,7 +326,7 @@ class Pool:
         metrics.tool_processes.labels(event="recycled").inc()
         process.kill("recycled")
         process.end()
-        self._gone()
+        self._gone(process)
 
     def discard(self, process: ToolProcess) -> None:
         """The call failed with its process: make sure it is gone, and make room."""
@@ -324,10 +337,12 @@ class Pool:
         elif reason != "cancel":
             log.warning("tool process %d killed under its call (%s)", process.pid, reason)
         metrics.tool_processes.labels(event=reason).inc()
-        self._gone()
+        self._gone(process)
 
-    def _gone(self) -> None:
+    def _gone(self, process: ToolProcess | None = None) -> None:
         with self._changed:
+            if process is not None:
+                self._calling.discard(process)
             self._live -= 1
             self._changed.notify()
 
