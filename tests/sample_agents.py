@@ -412,7 +412,7 @@ def grow(megabytes: int) -> int:
     """Keep ``megabytes`` of memory for the rest of the process's life (a leak)."""
     _leak.append(bytearray(megabytes << 20))
     for block in _leak:
-        block[:: 4096] = b"x" * len(block[:: 4096])  # resident, not just reserved
+        block[::4096] = b"x" * len(block[::4096])  # resident, not just reserved
     return len(_leak)
 
 
