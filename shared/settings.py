@@ -205,7 +205,7 @@ class Settings(BaseSettings):
     # how many processes a call may start besides its tool process; and how long a new tool
     # process may take to import the agent modules and say it is ready.
     tool_process_pool_size: int = Field(4, ge=1, le=256)
-    tool_process_max_calls: int = Field(1000, ge=1)
+    tool_process_max_calls: int = Field(10_000, ge=1)
     tool_process_recycle_rss_mb: int = Field(512, ge=16)
     tool_process_memory_limit_mb: int = Field(1024, ge=128)
     tool_process_cpu_seconds: int = Field(60, ge=1)
