@@ -146,6 +146,46 @@ def test_a_cancel_kills_the_call_in_its_process(
     assert journal.read_text().count("upsert_slowly") == 1
 
 
+def test_a_cancel_reaches_a_call_waiting_for_a_free_process(
+    processes: Pool, configure: Configure, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    configure(
+        RATCHET_TOOL_ISOLATION="process",
+        RATCHET_TEST_JOURNAL=str(journal),
+        RATCHET_TOOL_PROCESS_POOL_SIZE="1",
+    )
+    raised: dict[str, BaseException] = {}
+
+    def step(task_id: str) -> None:
+        with cancels.watching(task_id):
+            try:
+                tool_runner.execute(
+                    get_registry().tools["upsert_slowly"], {"key": "k", "seconds": 600}, context()
+                )
+            except cancels.Interrupted as exc:
+                raised[task_id] = exc
+
+    with tool_processes.fresh_pool() as one:
+        running = threading.Thread(target=step, args=("task-1",), daemon=True)
+        running.start()
+        wait_until(journal.exists, "started")
+        waiting = threading.Thread(target=step, args=("task-2",), daemon=True)
+        waiting.start()  # the only process is busy: it waits for it
+
+        def stopped() -> bool:  # (a cancel before its step began watching would be lost)
+            cancels.cancel("task-2")
+            return not waiting.is_alive()
+
+        wait_until(stopped, "stopped waiting")
+        assert "task-2" in raised
+        assert len(one.calling()) == 1  # the first call runs on, untouched
+        cancels.cancel("task-1")
+        running.join(GIVE_UP_SECONDS)
+    assert set(raised) == {"task-1", "task-2"}
+    assert journal.read_text().count("upsert_slowly") == 1  # the second call never ran
+
+
 def test_a_process_is_replaced_after_its_calls(processes: Pool, configure: Configure) -> None:
     configure(RATCHET_TOOL_PROCESS_MAX_CALLS="2")
     first = [pid_of_next_call() for _ in range(2)]

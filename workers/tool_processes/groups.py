@@ -76,7 +76,7 @@ class Reaper:
     def __init__(self) -> None:
         self._groups: dict[int, float] = {}  # pgid: when to give up on it
         self._lock = threading.Lock()
-        self._running = False
+        self._running_in: int | None = None  # the process its thread runs in (none survive a fork)
 
     def add(self, pgid: int) -> None:
         """Reap group ``pgid``, whose leader this process has reaped already (its members
@@ -85,9 +85,9 @@ class Reaper:
             return
         with self._lock:
             self._groups[pgid] = time.monotonic() + REAP_FOR_SECONDS
-            if self._running:
+            if self._running_in == os.getpid():
                 return
-            self._running = True
+            self._running_in = os.getpid()
         threading.Thread(target=self._run, name="tool-process-reaper", daemon=True).start()
 
     def _run(self) -> None:
@@ -100,7 +100,7 @@ class Reaper:
                 for pgid in gone:
                     self._groups.pop(pgid, None)
                 if not self._groups:
-                    self._running = False
+                    self._running_in = None
                     return
 
 

@@ -74,7 +74,8 @@ def call(tool: str, arguments: dict[str, Any], context: ToolContext, *, timeout:
     """
     settings = get_settings()
     pool = _pool()
-    process = pool.acquire(wait=timeout)
+    watch = cancels.current()
+    process = pool.acquire(wait=timeout, watch=watch)
     request = {
         "tool": tool,
         "arguments": arguments,
@@ -87,7 +88,6 @@ def call(tool: str, arguments: dict[str, Any], context: ToolContext, *, timeout:
         },
         "cpu_seconds": settings.tool_process_cpu_seconds,
     }
-    watch = cancels.current()
     try:
         with watch.stopping(partial(process.kill, "cancel")) if watch else nullcontext():
             reply = process.call(
@@ -252,14 +252,18 @@ class Pool:
         self._changed = threading.Condition()
         groups.adopt_orphans()  # the processes of the groups it kills come back to be reaped
 
-    def acquire(self, *, wait: float) -> ToolProcess:
+    def acquire(self, *, wait: float, watch: cancels.Watch | None = None) -> ToolProcess:
         """A free process (started if there is room for one); raises :class:`NotRun` if none
-        frees up within ``wait`` s. Waits, and starts processes, without the step's turn."""
+        frees up within ``wait`` s, and :class:`cancels.Interrupted` if ``watch``'s task is
+        cancelled meanwhile. Waits, and starts processes, without the step's turn."""
         with self._changed:
             process = self._take_free()
         if process is None:
-            with step_pool.waiting():
-                process = self._wait_for_one(wait)
+            with (
+                step_pool.waiting(),
+                watch.stopping(self._wake_all) if watch is not None else nullcontext(),
+            ):
+                process = self._wait_for_one(wait, watch)
         with self._changed:
             self._calling.add(process)
         return process
@@ -284,10 +288,15 @@ class Pool:
             log.warning("tool process %d ended between calls (%s)", process.pid, process.status())
         return None
 
-    def _wait_for_one(self, wait: float) -> ToolProcess:
+    def _wake_all(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _wait_for_one(self, wait: float, watch: cancels.Watch | None) -> ToolProcess:
         deadline = time.monotonic() + wait
         with self._changed:
             while True:
+                _raise_if_cancelled(watch)
                 process = self._take_free()
                 if process is not None:
                     return process
