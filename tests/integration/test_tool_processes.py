@@ -18,17 +18,17 @@ from tests.conftest import Configure
 from tests.helpers import bounded
 from workers import cancels, tool_runner
 from workers.tool_processes import pool as tool_processes
-from workers.tool_processes.pool import Pool
 
 GIVE_UP_SECONDS = 60.0
 
 
 @pytest.fixture
-def processes(configure: Configure) -> Iterator[Pool]:
-    """This test's own pool of tool processes (ended after it), on the sample agents."""
+def processes(configure: Configure) -> Iterator[None]:
+    """Tool processes of this test's own (ended after it), on the sample agents. (A change
+    of the settings ends those started before it: they hold the environment of their start.)"""
     configure(RATCHET_AGENT_MODULES="tests.sample_agents")
-    with tool_processes.fresh_pool() as pool:
-        yield pool
+    with tool_processes.fresh_pool():
+        yield
 
 
 def context(**secrets: str) -> ToolContext:
@@ -71,7 +71,7 @@ def wait_until(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
-def test_a_call_runs_in_a_tool_process_that_later_calls_reuse(processes: Pool) -> None:
+def test_a_call_runs_in_a_tool_process_that_later_calls_reuse(processes: None) -> None:
     outcome, _ = bounded(
         lambda: tool_runner.execute(
             get_registry().tools["whoami"], {"echo": "é 😀"}, context(TOKEN="s3cret")
@@ -97,7 +97,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_a_hostile_call_fails_with_its_outcome_unknown_and_its_process_is_replaced(
-    processes: Pool, name: str
+    processes: None, name: str
 ) -> None:
     before = pid_of_next_call()
     arguments, error = HOSTILE[name]
@@ -106,12 +106,13 @@ def test_a_hostile_call_fails_with_its_outcome_unknown_and_its_process_is_replac
     assert outcome.unknown, outcome  # it may have acted before it was stopped ...
     assert outcome.stopped, outcome  # ... but it does nothing more
     assert error in (outcome.error or ""), outcome
+    assert cancels.abandoned() == 0  # no thread of the call pools was left holding it
     # Its whole process group is gone, reaped (no zombie left), and a new process serves on.
     wait_until(lambda: group_gone(before), "reaped")
     assert pid_of_next_call() != before
 
 
-def test_a_call_past_its_cpu_seconds_is_ended(processes: Pool, configure: Configure) -> None:
+def test_a_call_past_its_cpu_seconds_is_ended(processes: None, configure: Configure) -> None:
     configure(RATCHET_TOOL_PROCESS_CPU_SECONDS="1")
     outcome = execute("burn_cpu")
     assert outcome.stopped
@@ -119,7 +120,7 @@ def test_a_call_past_its_cpu_seconds_is_ended(processes: Pool, configure: Config
 
 
 def test_a_cancel_kills_the_call_in_its_process(
-    processes: Pool, configure: Configure, tmp_path: Path
+    processes: None, configure: Configure, tmp_path: Path
 ) -> None:
     journal = tmp_path / "journal"
     # ``upsert_slowly`` says nothing of where it runs: the setting sends it to a process.
@@ -138,7 +139,7 @@ def test_a_cancel_kills_the_call_in_its_process(
     step = threading.Thread(target=run, daemon=True)
     step.start()
     wait_until(journal.exists, "started")
-    [pid] = [p.pid for p in processes.calling()]
+    [pid] = [p.pid for p in tool_processes.current().calling()]
     cancels.cancel("task-1")
     step.join(GIVE_UP_SECONDS)
     assert raised, "the step did not stop waiting"
@@ -147,7 +148,7 @@ def test_a_cancel_kills_the_call_in_its_process(
 
 
 def test_a_cancel_reaches_a_call_waiting_for_a_free_process(
-    processes: Pool, configure: Configure, tmp_path: Path
+    processes: None, configure: Configure, tmp_path: Path
 ) -> None:
     journal = tmp_path / "journal"
     configure(
@@ -186,21 +187,21 @@ def test_a_cancel_reaches_a_call_waiting_for_a_free_process(
     assert journal.read_text().count("upsert_slowly") == 1  # the second call never ran
 
 
-def test_a_process_is_replaced_after_its_calls(processes: Pool, configure: Configure) -> None:
+def test_a_process_is_replaced_after_its_calls(processes: None, configure: Configure) -> None:
     configure(RATCHET_TOOL_PROCESS_MAX_CALLS="2")
     first = [pid_of_next_call() for _ in range(2)]
     assert first[0] == first[1]
     assert pid_of_next_call() != first[0]
 
 
-def test_a_process_that_grew_is_replaced(processes: Pool, configure: Configure) -> None:
+def test_a_process_that_grew_is_replaced(processes: None, configure: Configure) -> None:
     configure(RATCHET_TOOL_PROCESS_RECYCLE_RSS_MB="64")
     before = pid_of_next_call()
     assert execute("grow", megabytes=100).ok
     assert pid_of_next_call() != before
 
 
-def test_processes_a_call_leaves_behind_end_with_its_process(processes: Pool) -> None:
+def test_processes_a_call_leaves_behind_end_with_its_process(processes: None) -> None:
     before = pid_of_next_call()
     outcome = execute("spawn_sleeper", seconds=600)
     assert outcome.ok, outcome
@@ -209,7 +210,7 @@ def test_processes_a_call_leaves_behind_end_with_its_process(processes: Pool) ->
     assert pid_of_next_call() != before
 
 
-def test_a_tool_may_park_its_call_from_a_process(processes: Pool) -> None:
+def test_a_tool_may_park_its_call_from_a_process(processes: None) -> None:
     outcome = execute("park_on_ci", run="r-1")
     assert outcome.parking is not None
     assert outcome.parking.request == {"run": "r-1"}
@@ -217,7 +218,7 @@ def test_a_tool_may_park_its_call_from_a_process(processes: Pool) -> None:
 
 
 def test_a_tool_the_tool_process_does_not_import_fails_its_call_plainly(
-    processes: Pool, monkeypatch: pytest.MonkeyPatch
+    processes: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tools = get_registry().tools
 
@@ -233,7 +234,7 @@ def test_a_tool_the_tool_process_does_not_import_fails_its_call_plainly(
     assert "RATCHET_AGENT_MODULES" in (outcome.error or "")
 
 
-def test_calls_wait_for_a_free_process_and_all_run(processes: Pool, configure: Configure) -> None:
+def test_calls_wait_for_a_free_process_and_all_run(processes: None, configure: Configure) -> None:
     configure(RATCHET_TOOL_PROCESS_POOL_SIZE="2", RATCHET_TOOL_ISOLATION="process")
     results: list[tool_runner.Outcome] = []
     with tool_processes.fresh_pool():

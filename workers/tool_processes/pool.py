@@ -73,7 +73,7 @@ def call(tool: str, arguments: dict[str, Any], context: ToolContext, *, timeout:
     :class:`cancels.Interrupted` when its task was cancelled meanwhile (the process killed).
     """
     settings = get_settings()
-    pool = _pool()
+    pool = current()
     watch = cancels.current()
     process = pool.acquire(wait=timeout, watch=watch)
     request = {
@@ -246,6 +246,8 @@ class Pool:
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.settings = get_settings()
+        self.closed = False
         self._free: list[ToolProcess] = []
         self._calling: set[ToolProcess] = set()
         self._live = 0
@@ -324,14 +326,14 @@ class Pool:
     def release(self, process: ToolProcess, reply: dict[str, Any]) -> None:
         """The call is over: keep the process for the next, unless it should be replaced."""
         process.calls += 1
-        why = _replace_because(process, reply)
+        why = "its pool was closed" if self.closed else _replace_because(process, reply)
         if why is None:
             with self._changed:
                 self._calling.discard(process)
                 self._free.append(process)
                 self._changed.notify()
             return
-        log.info("replacing tool process %d: %s", process.pid, why)
+        log.info("ending tool process %d: %s", process.pid, why)
         metrics.tool_processes.labels(event="recycled").inc()
         process.kill("recycled")
         process.end()
@@ -358,6 +360,7 @@ class Pool:
     def close(self) -> None:
         """End every free process (those in a call end with it)."""
         with self._changed:
+            self.closed = True
             free, self._free = self._free, []
             self._live -= len(free)
         for process in free:
@@ -397,30 +400,36 @@ _pools: dict[int, Pool] = {}
 _lock = threading.Lock()
 
 
-def _pool() -> Pool:
-    """This process's pool, made on first use (after any fork: a child's tool processes are
-    its own)."""
+def current() -> Pool:
+    """This process's pool (after any fork, a child's tool processes are its own), made on
+    first use from the settings in force, and made anew if they change (tests change them):
+    its processes started with the environment, and the limits, of the settings before."""
+    settings = get_settings()
     pool = _pools.get(os.getpid())
-    if pool is None:
+    if pool is None or pool.settings is not settings:
         with _lock:
-            pool = _pools.get(os.getpid()) or _pools.setdefault(
-                os.getpid(), Pool(get_settings().tool_process_pool_size)
-            )
+            pool = _pools.get(os.getpid())
+            if pool is None or pool.settings is not settings:
+                if pool is not None:
+                    pool.close()
+                pool = _pools[os.getpid()] = Pool(settings.tool_process_pool_size)
     return pool
 
 
 @contextmanager
 def fresh_pool() -> Iterator[Pool]:
-    """A pool of its own for the block, ended after it (for tests and benchmarks that change
-    the settings between runs)."""
+    """A pool of its own for the block, its processes ended after it (for tests and
+    benchmarks)."""
     with _lock:
         previous = _pools.pop(os.getpid(), None)
-    pool = _pool()
+    pool = current()
     try:
         yield pool
     finally:
-        pool.close()
         with _lock:
-            _pools.pop(os.getpid(), None)
+            last = _pools.pop(os.getpid(), None)
             if previous is not None:
                 _pools[os.getpid()] = previous
+        for made in {pool, last} - {None, previous}:
+            if made is not None:
+                made.close()
