@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import StackFactory
+from tests.e2e.conftest import StackFactory, child_pids
 from tests.e2e.util import wait_all
 from tests.fakes.receiver import WebhookReceiver
 from tests.helpers import scripted_task, tool_turn
@@ -81,6 +81,27 @@ def test_a_tool_past_its_limit_is_killed_and_its_late_side_effect_never_lands(
     assert call["status"] == "failed", call
     # The thread's call was told the same, yet its side effect landed after it.
     assert tasks[abandoned]["result"]["output"].startswith("error:"), tasks[abandoned]
+
+
+def test_a_cancel_kills_the_tool_process_of_the_call_in_flight(
+    stack: StackFactory, tenant: TenantHandle
+) -> None:
+    # ``sleep`` says nothing of where it runs: the setting sends it to a tool process.
+    fleet = stack(workers=1, concurrency=1, env={"RATCHET_TOOL_ISOLATION": "process"})
+    [worker] = fleet.worker_child_pids(0)
+    with fleet.client(tenant.headers) as http:
+        task_id = submit(http, scripted_task([tool_turn("sleep", seconds=600)], tools=["sleep"]))
+        wait_until(lambda: bool(the_steps(http, task_id)), timeout=60, what="the call started")
+        wait_until(lambda: bool(child_pids(worker)), timeout=60, what="its tool process up")
+        [tool_process] = child_pids(worker)
+        assert http.post(f"/v1/tasks/{task_id}/cancel").status_code == 202
+        [task] = wait_all(http, None, [task_id], timeout=60).values()
+        call = the_call(http, task_id)
+    assert task["status"] == "cancelled", task
+    assert call["status"] == "failed", call
+    # Killed, not left sleeping: the worker process has no child left.
+    wait_until(lambda: tool_process not in child_pids(worker), timeout=30, what="killed")
+    assert fleet.worker_child_pids(0) == [worker]
 
 
 HOSTILE = {
