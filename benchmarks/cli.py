@@ -17,6 +17,7 @@ from benchmarks import (
     delivery,
     fairness,
     history,
+    isolation,
     latency,
     limiter,
     mcp,
@@ -67,6 +68,7 @@ app.command("throughput")(throughput.throughput)
 app.command("dashboard")(dashboard.dashboard)
 app.command("fairness")(fairness.fairness)
 app.command("mcp")(mcp.mcp)
+app.command("isolation")(isolation.isolation)
 app.command("walk")(walk.walk)
 app.command("context")(context.context)
 app.command("latency")(latency.latency)

@@ -203,6 +203,18 @@ class Settings(BaseSettings):
     # encrypts, every one decrypts (rotation: a new key first, `ratchet secrets reencrypt`,
     # then drop the old). Unset: no tenant secrets can be set or handed to tools.
     secrets_key: SecretStr | None = None
+    # Tool processes (workers/tool_processes): how many one worker process keeps; how many
+    # calls one serves, and how large it may grow (resident MiB, checked after each call),
+    # before it is replaced; the most address space (MiB) and CPU seconds one call may use;
+    # how many processes a call may start besides its tool process; and how long a new tool
+    # process may take to import the agent modules and say it is ready.
+    tool_process_pool_size: int = Field(4, ge=1, le=256)
+    tool_process_max_calls: int = Field(10_000, ge=1)
+    tool_process_recycle_rss_mb: int = Field(512, ge=16)
+    tool_process_memory_limit_mb: int = Field(1024, ge=128)
+    tool_process_cpu_seconds: int = Field(60, ge=1)
+    tool_process_max_processes: int = Field(32, ge=0, le=10_000)
+    tool_process_start_timeout_seconds: float = Field(30.0, gt=0)
     # How many of one step's tool calls run at once (the model asked for several in one
     # answer); each outcome commits as it finishes.
     tool_concurrency: int = Field(8, ge=1, le=64)

@@ -346,11 +346,138 @@ def peek_secrets(context: ToolContext) -> dict[str, object]:
     return {"names": sorted(context.secrets), "values": sorted(context.secrets.values())}
 
 
+# Isolated tools (isolation="process"): each call runs in a tool process of the worker, killed
+# at its limit. The hostile ones break their process in every way a tool can; the model is
+# told their calls failed (tell_model), and the worker goes on.
+LATE_HOOK_LIMIT_SECONDS = 1.0
+
+
+def _post(url: str, context: ToolContext) -> None:
+    import httpx
+
+    httpx.post(url, json={"call": context.idempotency_key}, timeout=10).raise_for_status()
+
+
+@tool(isolation="process", timeout=LATE_HOOK_LIMIT_SECONDS, on_unknown_outcome="tell_model")
+def late_hook(url: str, seconds: float, context: ToolContext) -> str:
+    """Call ``url`` after ``seconds`` (isolated, with a 1 s limit)."""
+    time.sleep(seconds)
+    _post(url, context)
+    return "called"
+
+
+@tool(isolation="thread", timeout=LATE_HOOK_LIMIT_SECONDS, on_unknown_outcome="tell_model")
+def late_hook_in_thread(url: str, seconds: float, context: ToolContext) -> str:
+    """Call ``url`` after ``seconds`` (on a thread, with a 1 s limit: abandoned, not killed)."""
+    time.sleep(seconds)
+    _post(url, context)
+    return "called"
+
+
+@tool(isolation="process", on_unknown_outcome="tell_model")
+def hog_memory(gigabytes: int = 4) -> int:
+    """Allocate ``gigabytes`` of memory."""
+    return len(bytearray(gigabytes << 30))
+
+
+@tool(isolation="process", on_unknown_outcome="tell_model")
+def fork_bomb() -> str:
+    """Fork for ever."""
+    while True:
+        os.fork()
+
+
+@tool(isolation="process", on_unknown_outcome="tell_model")
+def segfault() -> str:
+    """Read the memory at address 0."""
+    import ctypes
+
+    return repr(ctypes.string_at(0))
+
+
+@tool(isolation="process", on_unknown_outcome="tell_model")
+def exit_abruptly(status: int = 3) -> str:
+    """End the process at once, without unwinding."""
+    os._exit(status)
+
+
+@tool(isolation="process", on_unknown_outcome="tell_model")
+def burn_cpu() -> str:
+    """Spin for ever."""
+    while True:
+        pass
+
+
+@tool(isolation="process", idempotent=True)
+def whoami(context: ToolContext, echo: str = "") -> dict[str, object]:
+    """Say which process runs the call, what it was told, and print to stdout meanwhile."""
+    print("a tool that prints does not garble its reply")
+    return {
+        "pid": os.getpid(),
+        "echo": echo,
+        "secrets": dict(context.secrets),
+        "key": context.idempotency_key,
+    }
+
+
+@tool(isolation="process", idempotent=True)
+def spawn_sleeper(seconds: float = 60.0) -> int:
+    """Start a subprocess that outlives the call."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"]).pid
+
+
+@tool(isolation="process", idempotent=True)
+def grow(megabytes: int) -> int:
+    """Keep ``megabytes`` of memory for the rest of the process's life (a leak)."""
+    _leak.append(bytearray(megabytes << 20))
+    for block in _leak:
+        block[::4096] = b"x" * len(block[::4096])  # resident, not just reserved
+    return len(_leak)
+
+
+_leak: list[bytearray] = []
+
+
+@tool(isolation="process", idempotent=True)
+def park_on_ci(run: str) -> str:
+    """Start a CI run and wait for its result (a durable wait, from a tool process)."""
+    from ratchet import Wait
+
+    raise Wait({"run": run}, timeout_seconds=60)
+
+
 register_agent(
     Agent(
         name="deployer",
         description="Test agent whose tools read tenant secrets.",
         system_prompt="You deploy.",
         tools=("use_token", "peek_secrets"),
+    )
+)
+
+
+register_agent(
+    Agent(
+        name="isolated",
+        description="Test agent whose tools run in tool processes.",
+        system_prompt="You call isolated tools.",
+        tools=(
+            "late_hook",
+            "late_hook_in_thread",
+            "hog_memory",
+            "fork_bomb",
+            "segfault",
+            "exit_abruptly",
+            "burn_cpu",
+            "whoami",
+            "spawn_sleeper",
+            "grow",
+            "park_on_ci",
+            "sleep",
+            "calculator",
+        ),
     )
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -13,7 +13,7 @@ from shared.agents.registry import Tool, ToolContext, get_registry
 from shared.agents.waiting import Parking, Wait
 from shared.errors import RatchetError, ToolOutcomeUnknown
 from shared.settings import get_settings
-from workers import cancels
+from workers import cancels, tool_processes
 
 
 @dataclass(frozen=True)
@@ -21,40 +21,97 @@ class Outcome:
     ok: bool
     result: Any = None
     error: str | None = None
-    unknown: bool = False  # the call overran its limit and may still finish
+    unknown: bool = False  # the call may have acted, or not: it overran its limit or crashed
     # The call parks: on a durable wait the tool raised, or on the child task it started.
     parking: Parking | None = None
+    # The call was stopped for good (its tool process killed): whatever it did before, it
+    # does nothing more. An unknown outcome without it may still land (an abandoned thread).
+    stopped: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        """As JSON: what a tool process sends back for its call."""
+        parking = None if self.parking is None else asdict(self.parking)
+        return {
+            "ok": self.ok,
+            "result": self.result,
+            "error": self.error,
+            "unknown": self.unknown,
+            "parking": parking,
+            "stopped": self.stopped,
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Outcome:
+        parking = data.get("parking")
+        fields = {**data, "parking": Parking(**parking) if parking else None}
+        return cls(**fields)
 
 
 def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outcome:
     """Run ``tool``; any failure (bad arguments, an exception, the time limit) is an Outcome.
 
-    A call that overruns its limit is abandoned, not killed: Python cannot stop a thread, so
-    tools that can block for long should take their own timeouts too (``http_request`` does).
-    A cancel of the task abandons it the same way and raises :class:`cancels.Interrupted`.
+    An isolated tool (``isolation="process"``, or ``RATCHET_TOOL_ISOLATION``) runs in a tool
+    process, killed at its limit or on a cancel of the task (see ``workers.tool_processes``).
+    Any other call runs on a thread, and one that overruns its limit is abandoned, not
+    killed: Python cannot stop a thread, so tools that can block for long should take their
+    own timeouts too (``http_request`` does). A cancel of the task abandons it the same way
+    and raises :class:`cancels.Interrupted`.
     """
     limit = tool.timeout or get_settings().tool_timeout_seconds
+    if isolated(tool):
+        return _execute_in_process(tool, arguments, context, limit=limit)
     try:
         result = cancels.call(
             partial(tool.invoke, arguments, context), timeout=limit, name=f"tool-{tool.name}"
         )
     except cancels.Interrupted:
         raise
-    except Wait as wait:
-        return Outcome(ok=False, parking=Parking.of(wait))
     except TimeoutError:
         return Outcome(ok=False, error=f"{tool.name} timed out after {limit:g} s", unknown=True)
-    except ToolOutcomeUnknown as exc:  # e.g. an MCP server that died mid-call
+    except Exception as exc:
+        return failed(tool.name, exc)
+    return succeeded(tool.name, result)
+
+
+def isolated(tool: Tool) -> bool:
+    """Whether ``tool``'s calls run in a tool process: it says so (or the setting does, for
+    a tool that says nothing), and it is a Python tool of the registry, which a tool process
+    imports too (an MCP server's tool or a sub-agent runs in the worker)."""
+    where = tool.isolation or get_settings().tool_isolation
+    return where == "process" and tool.agent is None and tool.name in get_registry().tools
+
+
+def _execute_in_process(
+    tool: Tool, arguments: dict[str, Any], context: ToolContext, *, limit: float
+) -> Outcome:
+    try:
+        reply = tool_processes.call(tool.name, arguments, context, timeout=limit)
+    except tool_processes.NotRun as exc:
+        return Outcome(ok=False, error=f"{tool.name} did not run: {exc}")
+    except tool_processes.Stopped as exc:
+        return Outcome(ok=False, error=f"{tool.name} {exc}", unknown=True, stopped=True)
+    return Outcome.from_wire(reply)
+
+
+def failed(name: str, exc: Exception) -> Outcome:
+    """The outcome of a call of tool ``name`` that raised ``exc``."""
+    if isinstance(exc, Wait):
+        return Outcome(ok=False, parking=Parking.of(exc))
+    if isinstance(exc, ToolOutcomeUnknown):  # e.g. an MCP server that died mid-call
         return Outcome(ok=False, error=storable_text(_text_of(exc)), unknown=True)
-    except RatchetError as exc:
+    if isinstance(exc, RatchetError):
         return Outcome(ok=False, error=storable_text(_text_of(exc)))
-    except Exception as exc:  # a tool's bug goes back to the model, it does not crash the task
-        error = f"{tool.name} raised {type(exc).__name__}: {_text_of(exc)}"
-        return Outcome(ok=False, error=storable_text(error))
+    # A tool's bug goes back to the model, it does not crash the task.
+    error = f"{name} raised {type(exc).__name__}: {_text_of(exc)}"
+    return Outcome(ok=False, error=storable_text(error))
+
+
+def succeeded(name: str, result: Any) -> Outcome:
+    """The outcome of a call of tool ``name`` that returned ``result``: as JSON holds it."""
     try:
         return Outcome(ok=True, result=as_json(result))
     except NotJSON as exc:
-        error = f"{tool.name} returned a result that JSON cannot hold: {exc}"
+        error = f"{name} returned a result that JSON cannot hold: {exc}"
         return Outcome(ok=False, error=storable_text(error))
 
 

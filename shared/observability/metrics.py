@@ -37,6 +37,13 @@ abandoned_calls = Counter(
     "while they still ran",
     ["pool"],
 )
+tool_processes = Counter(
+    "ratchet_tool_processes_total",
+    "Tool processes started, and ended: killed at a call's time limit (timeout), on a cancel, "
+    "past the process limit (processes), dead under a call (crashed), or replaced between "
+    "calls (recycled)",
+    ["event"],
+)
 webhook_attempts = Counter(
     "ratchet_webhook_attempts_total", "Webhook delivery attempts", ["outcome"]
 )

@@ -2,7 +2,7 @@
 it), it loads nothing from another host, the README stays a README (under 300 lines, every
 relative link pointing at a file), a newcomer is told how to put ``ratchet`` on the PATH
 before the first example that needs it and which tests to run while working, and the
-references name every route of the OpenAPI document and every CLI command."""
+references name every route of the OpenAPI document, every CLI command and every setting."""
 
 from __future__ import annotations
 
@@ -107,6 +107,18 @@ def test_readme_links_to_the_docs_site() -> None:
     linked = {t for t in relative_links(README) if t.startswith("docs/")}
     for page in ("quickstart.md", "reference/configuration.md", "roadmap.md"):
         assert f"docs/{page}" in linked
+
+
+def test_configuration_reference_names_every_setting() -> None:
+    from shared.settings import Settings
+
+    reference = (DOCS / "reference" / "configuration.md").read_text()
+    missing = [
+        f"RATCHET_{name.upper()}"
+        for name in Settings.model_fields
+        if f"`RATCHET_{name.upper()}`" not in reference
+    ]
+    assert missing == [], f"docs/reference/configuration.md does not name {missing}"
 
 
 @pytest.mark.parametrize("path", [README, DOCS / "quickstart.md"], ids=lambda p: p.name)

@@ -76,8 +76,9 @@ def run_tool_call(ctx: Context, position: int, call: ToolCallRequest, *, last: b
     if outcome.parking is not None:
         parking.park_call(ctx, position, call, outcome.parking)
     if outcome.unknown and tool is not None and not tool.idempotent:
-        # An abandoned call may still act: as after a crash, the tool's policy decides.
-        why = f"{outcome.error}; it may still complete"
+        # An abandoned call may still act (a killed one cannot): as after a crash, the
+        # tool's policy decides.
+        why = f"{outcome.error}" + ("" if outcome.stopped else "; it may still complete")
         return resolve_unknown_outcome(ctx, tool, call_id, why=why, last=last)
     record_outcome(ctx, call_id=call_id, name=call.name, outcome=outcome, last=last)
     return last
