@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from shared.actions.effects import of_task
-from shared.actions.tasks import Submitted, replay
-from shared.errors import Conflict
+from shared.actions.tasks import DirectSlot, Submitted, submit_once
 from shared.scheduling import caps
 from shared.store import forks, tasks
 from shared.store.db import get_sessionmaker
@@ -39,42 +38,35 @@ def fork_task(
     is written unless the whole fork is."""
     point = spec.forked_from
     assert point is not None
+
+    def insert(session: Session, _: DirectSlot) -> Submitted:  # a fork takes no gate slot
+        tasks.get_task(session, tenant_id, point.task_id)  # NotFound across tenants
+        forks.check_fork_point(session, point.task_id, point.step, tool_results=tool_results or {})
+        caps.check(session, tenant_id, tenant_name)
+        logged = tasks.create_task(
+            session,
+            tenant_id,
+            spec,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+        )
+        forks.copy_history(
+            session,
+            source=point.task_id,
+            target=logged.task.id,
+            through_step=point.step,
+            tool_results=tool_results,
+        )
+        # Into the backlog, as any task the dispatcher admits: its first message is for the
+        # step after the fork point (the dispatcher sends the task's next step).
+        effects = of_task(logged.task.id, logged.deliveries, wake=True)
+        return Submitted(logged.task, created=True, effects=effects)
+
     with get_sessionmaker()() as session:
-        try:
-            with session.begin():
-                existing = idempotency_key and tasks.find_by_idempotency_key(
-                    session, tenant_id, idempotency_key
-                )
-                if existing:
-                    return Submitted(replay(existing, request_hash), created=False)
-                tasks.get_task(session, tenant_id, point.task_id)  # NotFound across tenants
-                forks.check_fork_point(
-                    session, point.task_id, point.step, tool_results=tool_results or {}
-                )
-                caps.check(session, tenant_id, tenant_name)
-                logged = tasks.create_task(
-                    session,
-                    tenant_id,
-                    spec,
-                    idempotency_key=idempotency_key,
-                    request_hash=request_hash,
-                )
-                forks.copy_history(
-                    session,
-                    source=point.task_id,
-                    target=logged.task.id,
-                    through_step=point.step,
-                    tool_results=tool_results,
-                )
-            # Into the backlog, as any task the dispatcher admits: its first message is for the
-            # step after the fork point (the dispatcher sends the task's next step).
-            effects = of_task(logged.task.id, logged.deliveries, wake=True)
-            return Submitted(logged.task, created=True, effects=effects)
-        except IntegrityError:
-            if idempotency_key is None:
-                raise
-            with session.begin():
-                existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
-            if existing is None:
-                raise Conflict("a request with this Idempotency-Key is in progress") from None
-            return Submitted(replay(existing, request_hash), created=False)
+        return submit_once(
+            session,
+            tenant_id,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            insert=insert,
+        )

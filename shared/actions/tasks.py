@@ -5,6 +5,7 @@ it has committed (``effects.after_commit``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.exc import IntegrityError
@@ -47,48 +48,77 @@ def submit(
     request_hash: str,
 ) -> Submitted:
     """Insert ``spec`` as the tenant's queued task, or, for a known Idempotency-Key, find the
-    original (IdempotencyMismatch if its body differs; Conflict while a concurrent request
-    with the key has not committed). Over the tenant's queue cap, refused (``caps.check``).
+    original (as ``submit_once``). Over the tenant's queue cap, refused (``caps.check``).
 
     One session, and (an uncapped tenant, no key) one statement in autocommit: this is the
     API's hot path."""
-    admitted = False
+
+    def insert(session: Session, slot: DirectSlot) -> Submitted:
+        if idempotency_key is None and caps.known_uncapped(tenant_name):
+            # It counts and locks nothing, and its one write (the task, its event and their
+            # webhooks) is one statement: no BEGIN and COMMIT round trips. (Without a key,
+            # nothing has been read yet: this comes before the session's first statement.)
+            commit_each_statement(session)
+        caps.check(session, tenant_id, tenant_name)
+        if spec.agent_version is not None:  # its row, once per process and version
+            versions.record(session, spec.agent_version)
+        admitted = slot.take(session, tenant_name, spec)
+        logged = tasks.create_task(
+            session,
+            tenant_id,
+            spec,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            admitted=admitted,
+        )
+        return Submitted(logged.task, created=True, effects=_submitted(logged, admitted))
+
     with get_sessionmaker()() as session:
-        try:
-            with session.begin():
-                if idempotency_key is None and caps.known_uncapped(tenant_name):
-                    # It counts and locks nothing, and its one write (the task, its event
-                    # and their webhooks) is one statement: no BEGIN and COMMIT round trips.
-                    commit_each_statement(session)
-                existing = idempotency_key and tasks.find_by_idempotency_key(
-                    session, tenant_id, idempotency_key
-                )
-                if existing:
-                    return Submitted(replay(existing, request_hash), created=False)
-                caps.check(session, tenant_id, tenant_name)
-                if spec.agent_version is not None:  # its row, once per process and version
-                    versions.record(session, spec.agent_version)
-                admitted = direct(session, tenant_name, spec)
-                logged = tasks.create_task(
-                    session,
-                    tenant_id,
-                    spec,
-                    idempotency_key=idempotency_key,
-                    request_hash=request_hash,
-                    admitted=admitted,
-                )
-            return Submitted(logged.task, created=True, effects=_submitted(logged, admitted))
-        except IntegrityError:
-            # A concurrent request with the same key committed first.
-            assert idempotency_key is not None
-            with session.begin():
-                existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
-            if existing is None:
-                raise Conflict("a request with this Idempotency-Key is in progress") from None
-            return Submitted(replay(existing, request_hash), created=False)
-        finally:
-            if admitted:  # the slot it took from the gate: committed, or not at all
-                gate.land_slot()
+        return submit_once(
+            session,
+            tenant_id,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            insert=insert,
+        )
+
+
+def submit_once(
+    session: Session,
+    tenant_id: str,
+    *,
+    idempotency_key: str | None,
+    request_hash: str,
+    insert: Callable[[Session, DirectSlot], Submitted],
+) -> Submitted:
+    """The task ``insert`` makes (a submission, a turn or a fork), in one transaction; or, when
+    the tenant has a task with ``idempotency_key`` already, that one, replayed
+    (IdempotencyMismatch if it was made from a different body). The unique index decides a
+    race between two requests with one key: the one that loses answers with the original
+    too, or Conflict while the request holding the key has not committed. Without a key,
+    ``insert`` runs before any statement of the transaction. A gate slot ``insert`` took is
+    landed once the transaction has committed or failed."""
+    slot = DirectSlot()
+    try:
+        with session.begin():
+            existing = idempotency_key and tasks.find_by_idempotency_key(
+                session, tenant_id, idempotency_key
+            )
+            if existing:
+                return Submitted(replay(existing, request_hash), created=False)
+            return insert(session, slot)
+    except IntegrityError:
+        # A concurrent request with the same key committed first.
+        if idempotency_key is None:
+            raise
+        with session.begin():
+            existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
+        if existing is None:
+            raise Conflict("a request with this Idempotency-Key is in progress") from None
+        return Submitted(replay(existing, request_hash), created=False)
+    finally:
+        if slot.taken:  # the slot it took from the gate: committed, or not at all
+            gate.land_slot()
 
 
 def _submitted(logged: tasks.Logged, admitted: bool) -> Effects:
@@ -105,6 +135,19 @@ def replay(existing: Task, request_hash: str) -> Task:
     if existing.request_hash != request_hash:
         raise IdempotencyMismatch
     return existing
+
+
+class DirectSlot:
+    """The gate slot a submission may take to skip the backlog: at most one, taken inside its
+    transaction and landed (``gate.land_slot``) once that transaction has ended."""
+
+    def __init__(self) -> None:
+        self.taken = False
+
+    def take(self, session: Session, tenant: str, spec: NewTask) -> bool:
+        """Whether the task skips the backlog (``direct``)."""
+        self.taken = direct(session, tenant, spec)
+        return self.taken
 
 
 def direct(session: Session, tenant: str, spec: NewTask) -> bool:

@@ -20,15 +20,14 @@ from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from shared.actions import waits
 from shared.actions.effects import NONE, Effects, of_task
-from shared.actions.tasks import Submitted, direct, replay
+from shared.actions.tasks import DirectSlot, Submitted, submit_once
 from shared.agents.registry import get_agent
 from shared.errors import Conflict, InvalidRequest, NotFound
-from shared.scheduling import caps, gate
+from shared.scheduling import caps
 from shared.statuses import TERMINAL_STATUSES
 from shared.store import tasks, threads
 from shared.store.db import get_sessionmaker
@@ -67,50 +66,40 @@ def run_turn(
 ) -> Submitted:
     """Insert ``spec`` as the thread's next turn (a queued task, held while an earlier turn
     is unfinished), after applying ``strategy`` to the unfinished ones; or, for a known
-    Idempotency-Key, find the original (as ``tasks.submit``). NotFound for another tenant's
-    thread, Conflict for ``reject`` on a busy thread. One transaction: the thread's row is
-    locked first, so turns sent at once are numbered and held one after the other."""
-    admitted = False
+    Idempotency-Key, find the original (as ``tasks.submit_once``). NotFound for another
+    tenant's thread, Conflict for ``reject`` on a busy thread. One transaction: the thread's
+    row is locked first, so turns sent at once are numbered and held one after the other."""
+
+    def insert(session: Session, slot: DirectSlot) -> Submitted:
+        number = threads.take_turn_number(session, tenant_id, thread_id)
+        caps.check(session, tenant_id, tenant_name)
+        stopped, held = _make_room(session, tenant_id, thread_id, strategy)
+        turn = replace(spec, thread_id=thread_id, turn=number, turn_held=held)
+        admitted = not held and slot.take(session, tenant_name, turn)
+        logged = tasks.create_task(
+            session,
+            tenant_id,
+            turn,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            admitted=admitted,
+        )
+        if held:
+            threads.hold(session, logged.task.id)
+        done = _started(logged, admitted=admitted, held=held, thread_id=thread_id)
+        return Submitted(logged.task, created=True, effects=stopped + done)
+
     with get_sessionmaker()() as session:
         answered = answer_question(session, tenant_id, thread_id, spec.input)
         if answered is not None:
             return answered
-        try:
-            with session.begin():
-                existing = idempotency_key and tasks.find_by_idempotency_key(
-                    session, tenant_id, idempotency_key
-                )
-                if existing:
-                    return Submitted(replay(existing, request_hash), created=False)
-                number = threads.take_turn_number(session, tenant_id, thread_id)
-                caps.check(session, tenant_id, tenant_name)
-                stopped, held = _make_room(session, tenant_id, thread_id, strategy)
-                turn = replace(spec, thread_id=thread_id, turn=number, turn_held=held)
-                admitted = not held and direct(session, tenant_name, turn)
-                logged = tasks.create_task(
-                    session,
-                    tenant_id,
-                    turn,
-                    idempotency_key=idempotency_key,
-                    request_hash=request_hash,
-                    admitted=admitted,
-                )
-                if held:
-                    threads.hold(session, logged.task.id)
-            done = _started(logged, admitted=admitted, held=held, thread_id=thread_id)
-            return Submitted(logged.task, created=True, effects=stopped + done)
-        except IntegrityError:
-            # A concurrent request with the same key committed first.
-            if idempotency_key is None:
-                raise
-            with session.begin():
-                existing = tasks.find_by_idempotency_key(session, tenant_id, idempotency_key)
-            if existing is None:
-                raise Conflict("a request with this Idempotency-Key is in progress") from None
-            return Submitted(replay(existing, request_hash), created=False)
-        finally:
-            if admitted:  # the slot it took from the gate: committed, or not at all
-                gate.land_slot()
+        return submit_once(
+            session,
+            tenant_id,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            insert=insert,
+        )
 
 
 def answer_question(
