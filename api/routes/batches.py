@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api import batch_submission, submission
+from api import batch_submission, idempotency, submission
 from api.deps import Reader, Writer, with_connection
 from api.event_hub import hub
 from api.problems import Problem, responses, title
@@ -58,17 +58,11 @@ BATCH_RESPONSES = responses({404: "no such batch (another tenant's batch is not 
     openapi_extra=BATCH_CREATE_BODY,
     summary="Submit a batch of tasks",
     responses={
-        202: {
-            "description": "Accepted: the batch's tasks are queued, and each refused item says "
-            "why (or, for a repeated Idempotency-Key, the original batch)",
-            "headers": {
-                "Location": {"description": "the batch's URL", "schema": {"type": "string"}},
-                "Idempotent-Replayed": {
-                    "description": "`true` when this answers a repeat of an earlier request",
-                    "schema": {"type": "string", "enum": ["true"]},
-                },
-            },
-        },
+        **idempotency.accepted(
+            "Accepted: the batch's tasks are queued, and each refused item says why (or, for a "
+            "repeated Idempotency-Key, the original batch)",
+            location="the batch's URL",
+        ),
         **responses(
             {
                 409: "a request with the same Idempotency-Key (or with one of its items' keys) "
@@ -87,22 +81,14 @@ async def submit_batch(
     body: Annotated[BatchCreate, Depends(submitted_batch)],
     principal: Writer,
     response: Response,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            max_length=255,
-            description="the same key and body within 24 h returns the original batch",
-        ),
-    ] = None,
+    idempotency_key: Annotated[str | None, idempotency.key_header("the original batch")] = None,
 ) -> BatchSubmitted:
     """Submits every valid item as a queued task, in one transaction; an item that is not a
     valid submission (a bad field, an unknown agent, a reused ``idempotency_key``) is refused
     in its own answer and the others go ahead. Over the tenant's ``max_queued`` the whole
     batch is refused. Needs the ``tasks:write`` scope."""
     done = await with_connection(request, _submit, principal, body, idempotency_key)
-    if not done.created:
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/batches/{done.batch.id}"
+    idempotency.answer(response, location=f"/v1/batches/{done.batch.id}", replayed=not done.created)
     return _submitted(done)
 
 

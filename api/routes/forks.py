@@ -4,32 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Request, Response
 
-from api import fork_requests
+from api import fork_requests, idempotency
 from api.deps import Writer, with_connection
 from api.problems import responses
 from api.schemas.forks import TaskFork
-from shared.actions.effects import after_commit
 from shared.actions.tasks import Submitted
-from shared.observability import metrics
 from shared.store.tenants import Principal
 from shared.views import TaskView, task_view
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
 FORK_RESPONSES = {
-    202: {
-        "description": "Accepted: the fork is queued (or, for a repeated Idempotency-Key, "
-        "the fork that request made)",
-        "headers": {
-            "Location": {"description": "the fork's URL", "schema": {"type": "string"}},
-            "Idempotent-Replayed": {
-                "description": "`true` when this answers a repeat of an earlier request",
-                "schema": {"type": "string", "enum": ["true"]},
-            },
-        },
-    },
+    **idempotency.accepted(
+        "Accepted: the fork is queued (or, for a repeated Idempotency-Key, the fork that "
+        "request made)",
+        location="the fork's URL",
+    ),
     **responses(
         {
             404: "no such task (another tenant's task is not found either)",
@@ -58,11 +50,7 @@ async def fork_task(
     principal: Writer,
     response: Response,
     idempotency_key: Annotated[
-        str | None,
-        Header(
-            max_length=255,
-            description="the same key and body within 24 h returns the fork made the first time",
-        ),
+        str | None, idempotency.key_header("the fork made the first time")
     ] = None,
 ) -> TaskView:
     """A new task (``forked_from`` names the origin) whose history is the task's steps
@@ -71,15 +59,10 @@ async def fork_task(
     options, instructions and tools. The origin, in whatever state, is untouched. Needs the
     ``tasks:write`` scope."""
     done = await with_connection(request, _fork, principal, task_id, body, idempotency_key)
-    if not done.created:
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/tasks/{done.task.id}"
+    idempotency.answer(response, location=f"/v1/tasks/{done.task.id}", replayed=done.replayed)
     return task_view(done.task)
 
 
 def _fork(principal: Principal, task_id: str, body: TaskFork, key: str | None) -> Submitted:
     done = fork_requests.fork(principal.tenant_id, principal.tenant_name, task_id, body, key)
-    if done.created:
-        metrics.tasks_submitted.inc()
-        after_commit(done.effects)
-    return done
+    return idempotency.after_submit(done)

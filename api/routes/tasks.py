@@ -9,10 +9,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api import params, submission
+from api import idempotency, params, submission
 from api.deps import Reader, SessionDep, Writer, with_connection
 from api.event_hub import hub
 from api.params import cursor_after, parse_seq
@@ -33,7 +33,6 @@ from shared.actions import tasks as task_actions
 from shared.actions.effects import after_commit
 from shared.actions.tasks import Submitted
 from shared.errors import InvalidRequest
-from shared.observability import metrics
 from shared.pricing import is_priced
 from shared.statuses import TERMINAL_STATUSES, TaskStatus
 from shared.store import checkpoints, families, ledger, tasks
@@ -63,17 +62,10 @@ TASK_CREATE_BODY = {
 
 
 SUBMIT_RESPONSES = {
-    202: {
-        "description": "Accepted: the task is queued (or, for a repeated Idempotency-Key, "
-        "the original task)",
-        "headers": {
-            "Location": {"description": "the task's URL", "schema": {"type": "string"}},
-            "Idempotent-Replayed": {
-                "description": "`true` when this answers a repeat of an earlier request",
-                "schema": {"type": "string", "enum": ["true"]},
-            },
-        },
-    },
+    **idempotency.accepted(
+        "Accepted: the task is queued (or, for a repeated Idempotency-Key, the original task)",
+        location="the task's URL",
+    ),
     **responses(
         {
             409: "a request with the same Idempotency-Key is still in progress",
@@ -107,30 +99,19 @@ async def submit_task(
     body: Annotated[TaskCreate, Depends(submitted_task)],
     principal: Writer,
     response: Response,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            max_length=255,
-            description="the same key and body within 24 h returns the original task",
-        ),
-    ] = None,
+    idempotency_key: Annotated[str | None, idempotency.key_header("the original task")] = None,
 ) -> TaskView:
     """Returns at once with the queued task; a worker runs it. Only ``input`` is required.
     Needs the ``tasks:write`` scope."""
     done = await with_connection(request, _submit, principal, body, idempotency_key)
-    if not done.created:
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/tasks/{done.task.id}"
+    idempotency.answer(response, location=f"/v1/tasks/{done.task.id}", replayed=done.replayed)
     return task_view(done.task)
 
 
 def _submit(principal: Principal, body: TaskCreate, key: str | None) -> Submitted:
     """The whole submission, its messages sent once it commits: one trip to the thread pool."""
     done = submission.submit(principal.tenant_id, principal.tenant_name, body, key)
-    if done.created:
-        metrics.tasks_submitted.inc()
-        after_commit(done.effects)
-    return done
+    return idempotency.after_submit(done)
 
 
 def _read_task(tenant_id: str, task_id: str) -> Task:

@@ -11,10 +11,10 @@ import hashlib
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api import params, submission
+from api import idempotency, params, submission
 from api.deps import Reader, SessionDep, Writer, with_connection
 from api.params import cursor_after, parse_seq
 from api.problems import responses
@@ -30,11 +30,9 @@ from api.schemas.threads import (
     TurnCreate,
 )
 from shared.actions import threads as thread_actions
-from shared.actions.effects import after_commit
 from shared.actions.tasks import Submitted
 from shared.actions.threads import Strategy
 from shared.errors import InvalidRequest
-from shared.observability import metrics
 from shared.settings import get_settings
 from shared.store import threads
 from shared.store.db import get_sessionmaker
@@ -231,13 +229,7 @@ async def run_turn(
     body: Annotated[TurnCreate, Depends(turn_body)],
     principal: Writer,
     response: Response,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            max_length=255,
-            description="the same key and body within 24 h returns the original turn",
-        ),
-    ] = None,
+    idempotency_key: Annotated[str | None, idempotency.key_header("the original turn")] = None,
 ) -> Any:
     """A turn: a task whose conversation is the thread's history and ``input``, the new
     message. Answers at once with the queued task (``thread_id``, ``turn``). When the turn
@@ -245,9 +237,7 @@ async def run_turn(
     no new turn, and the answer is the turn in flight, which runs on. Needs the
     ``tasks:write`` scope."""
     done = await with_connection(request, _run_turn, principal, thread_id, body, idempotency_key)
-    if not done.created and not done.answered:
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/tasks/{done.task.id}"
+    idempotency.answer(response, location=f"/v1/tasks/{done.task.id}", replayed=done.replayed)
     return task_view(done.task)
 
 
@@ -285,11 +275,7 @@ def _run_turn(principal: Principal, thread_id: str, body: TurnCreate, key: str |
         idempotency_key=key,
         request_hash=turn_hash(thread_id, body),
     )
-    if done.created:
-        metrics.tasks_submitted.inc()
-    if done.created or done.answered:
-        after_commit(done.effects)
-    return done
+    return idempotency.after_submit(done)
 
 
 def turn_hash(thread_id: str, body: TurnCreate) -> str:

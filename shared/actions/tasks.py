@@ -38,6 +38,12 @@ class Submitted:
     # no new turn; ``task`` is that turn, which runs on.
     answered: bool = False
 
+    @property
+    def replayed(self) -> bool:
+        """Whether this answers a repeat of an earlier request (the task its Idempotency-Key
+        made): nothing was made or answered this time."""
+        return not self.created and not self.answered
+
 
 def submit(
     tenant_id: str,
