@@ -1,20 +1,54 @@
-"""Path, query and header parameters checked before any of them reaches the database."""
+"""Path, query and header parameters checked before any of them reaches the database, and
+the cursors a list's pages hand out."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
+from typing import Annotated, Protocol, TypeVar
 
-from fastapi import Request
+from fastapi import Query, Request
 
 from shared.errors import InvalidRequest
 
 # Event sequence numbers and step numbers are PostgreSQL ``integer`` columns.
 MAX_SEQ = 2**31 - 1
 
+# A list's page: ``limit: PageLimit = 50`` (each list says its default), ``cursor: PageCursor =
+# None``, read with ``cursor_after``.
+PageLimit = Annotated[int, Query(ge=1, le=200, description="at most this many")]
+PageCursor = Annotated[
+    str | None, Query(max_length=200, description="``next_cursor`` of the page before")
+]
+
+
+class Listed(Protocol):
+    """A row a list pages through by its id."""
+
+    @property
+    def id(self) -> str: ...
+
+
+Row = TypeVar("Row", bound=Listed)
+
 
 def encode_cursor(value: str) -> str:
     """An opaque page cursor for ``value`` (a row id or number) in a list's ``next_cursor``."""
     return base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+
+
+def next_cursor(last: str | None) -> str | None:
+    """The ``next_cursor`` after a page whose store query named the last row it listed
+    (``last``, None when no page follows)."""
+    return encode_cursor(last) if last else None
+
+
+def page_of(rows: Sequence[Row], limit: int) -> tuple[Sequence[Row], str | None]:
+    """The page of ``rows`` fetched ``limit + 1`` (one past the page says another follows):
+    its first ``limit``, and the ``next_cursor`` after the last one's id (None on the last
+    page)."""
+    page = rows[:limit]
+    return page, encode_cursor(page[-1].id) if len(rows) > limit else None
 
 
 def decode_cursor(cursor: str) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path
 
 from api.deps import Reader, SessionDep
-from api.params import cursor_after, encode_cursor
+from api.params import PageCursor, PageLimit, cursor_after, encode_cursor
 from api.problems import responses
 from api.schemas.agents import (
     AgentList,
@@ -32,10 +32,8 @@ router = APIRouter(prefix="/v1/agents", tags=["agents"])
 @router.get("", response_model=AgentList, summary="List the agents")
 def list_agents(
     _: Reader,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 100,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 100,
+    cursor: PageCursor = None,
 ) -> AgentList:
     """The registered agents by name, each with its tools and their argument schemas."""
     registry = get_registry()
@@ -97,10 +95,8 @@ def list_agent_versions(
     name: AgentName,
     _: Reader,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> AgentVersionList:
     """The agent's versions, newest first: each definition a task was submitted with, by its
     id, and when a task first ran it. Agents are the fleet's, not a tenant's (as in

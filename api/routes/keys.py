@@ -9,13 +9,13 @@ key). A tenant holds at most ``RATCHET_MAX_KEYS_PER_TENANT`` live keys made here
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException
 
 from api import params
 from api.deps import Admin, SessionDep, verified_keys
-from api.params import cursor_after
+from api.params import PageCursor, PageLimit, cursor_after
 from api.problems import responses
 from api.schemas.keys import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate
 from shared.actions import keys as key_actions
@@ -52,18 +52,16 @@ def _no_operator(scopes: list[str]) -> None:
 def list_keys(
     principal: Admin,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> KeyList:
     """The tenant's keys, newest first, with their last use (to the minute)."""
     after = cursor_after(cursor)
     with session.begin():
         rows = tenants.list_keys(session, principal.tenant_id, after=after, limit=limit + 1)
-        items = [KeyOut(**_fields(r)) for r in rows[:limit]]
-    more = len(rows) > limit
-    return KeyList(items=items, next_cursor=params.encode_cursor(items[-1].id) if more else None)
+        page, next_cursor = params.page_of(rows, limit)
+        items = [KeyOut(**_fields(r)) for r in page]
+    return KeyList(items=items, next_cursor=next_cursor)
 
 
 @router.post(

@@ -6,13 +6,11 @@ name it. Header values are never shown, only their names.
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 
 from api import params
 from api.deps import Admin, SessionDep
-from api.params import cursor_after
+from api.params import PageCursor, PageLimit, cursor_after
 from api.problems import responses
 from api.schemas.mcp_servers import McpServerCreate, McpServerList, McpServerOut
 from shared.actions import mcp_servers as server_actions
@@ -41,20 +39,15 @@ def _out(row: TenantMcpServer) -> McpServerOut:
 def list_servers(
     principal: Admin,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> McpServerList:
     """The tenant's own servers, oldest first, with their header names (never values)."""
     rows = server_actions.list_servers(
         session, principal.tenant_id, after=cursor_after(cursor), limit=limit + 1
     )
-    items = [_out(row) for row in rows[:limit]]
-    more = len(rows) > limit
-    return McpServerList(
-        items=items, next_cursor=params.encode_cursor(items[-1].id) if more else None
-    )
+    page, next_cursor = params.page_of(rows, limit)
+    return McpServerList(items=[_out(row) for row in page], next_cursor=next_cursor)
 
 
 @router.post(

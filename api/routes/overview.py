@@ -84,4 +84,4 @@ def search_tasks(
     with session.begin():
         rows, last = search.search(session, None, where, limit=limit, after_id=cursor_after(cursor))
         items = [task_view(t) for t in rows]
-    return TaskList(items=items, next_cursor=params.encode_cursor(last) if last else None)
+    return TaskList(items=items, next_cursor=params.next_cursor(last))

@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from api import idempotency, params, submission
 from api.deps import Reader, SessionDep, Writer, with_connection
 from api.event_hub import hub
-from api.params import cursor_after, parse_seq
+from api.params import PageCursor, PageLimit, cursor_after, parse_seq
 from api.problems import responses
 from api.schemas.tasks import (
     CallApproval,
@@ -185,10 +185,8 @@ def list_tasks(
         ),
     ] = None,
     agent: Annotated[str | None, Query(max_length=200, description="only this agent's")] = None,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> TaskList:
     """The tenant's tasks, a page at a time (keyset pagination: follow ``next_cursor``)."""
     if status is not None and status not in tuple(TaskStatus):
@@ -200,7 +198,7 @@ def list_tasks(
         )
         links = principal.allows(APPROVE)
         items = [task_view(t, approval_links=links) for t in rows]
-    return TaskList(items=items, next_cursor=params.encode_cursor(last) if last else None)
+    return TaskList(items=items, next_cursor=params.next_cursor(last))
 
 
 def _decode_task_cursor(cursor: str | None) -> str | None:
@@ -223,10 +221,8 @@ def list_children(
     task_id: str,
     principal: Reader,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> TaskList:
     """The tasks the task's sub-agent calls started (one per call), a page at a time; each
     shows its ``parent_id`` and ``root_id``, and ``/children`` of a child goes a level down."""
@@ -236,7 +232,7 @@ def list_children(
         rows, last = families.children(session, task_id, limit=limit, after_id=after)
         links = principal.allows(APPROVE)
         items = [task_view(t, approval_links=links) for t in rows]
-    return TaskList(items=items, next_cursor=params.encode_cursor(last) if last else None)
+    return TaskList(items=items, next_cursor=params.next_cursor(last))
 
 
 @router.post(
@@ -281,9 +277,7 @@ def list_steps(
     principal: Reader,
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=200, description="at most this many steps")] = 100,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    cursor: PageCursor = None,
 ) -> StepList:
     """The step timeline: each model call and the tool calls it asked for."""
     after = cursor_after(cursor)

@@ -16,7 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from api import idempotency, params, submission
 from api.deps import Reader, SessionDep, Writer, with_connection
-from api.params import cursor_after, parse_seq
+from api.params import PageCursor, PageLimit, cursor_after, parse_seq
 from api.problems import responses
 from api.routes.tasks import SUBMIT_RESPONSES
 from api.schemas.threads import (
@@ -109,10 +109,8 @@ def list_threads(
     principal: Reader,
     session: SessionDep,
     agent: Annotated[str | None, Query(max_length=200, description="only this agent's")] = None,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> ThreadList:
     """The tenant's threads, a page at a time (keyset pagination: follow ``next_cursor``).
     ``metadata.<key>=<value>`` (repeatable over keys, at most 10) keeps only the threads whose
@@ -125,7 +123,7 @@ def list_threads(
         )
         latest = threads.latest_turns(session, [t.id for t in rows])
         items = [thread_view(t, latest.get(t.id)) for t in rows]
-    return ThreadList(items=items, next_cursor=params.encode_cursor(last) if last else None)
+    return ThreadList(items=items, next_cursor=params.next_cursor(last))
 
 
 def _metadata_filters(request: Request) -> dict[str, str]:
@@ -300,9 +298,7 @@ async def list_messages(
     thread_id: str,
     principal: Reader,
     limit: Annotated[int, Query(ge=1, le=200, description="at most this many messages")] = 100,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    cursor: PageCursor = None,
 ) -> MessageList:
     """The conversation as the next turn's model reads it: each turn's input, then its
     completed steps (the model's answers, tool calls and their outcomes), turn after turn. A

@@ -5,13 +5,11 @@ fared. Another tenant's endpoint is not found, whatever the key's scopes.
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 
 from api import params
 from api.deps import Admin, SessionDep
-from api.params import cursor_after
+from api.params import PageCursor, PageLimit, cursor_after
 from api.problems import responses
 from api.schemas.webhook_endpoints import EndpointCreate, EndpointList, EndpointOut, EndpointPatch
 from shared.actions import webhooks as webhook_actions
@@ -31,21 +29,17 @@ def _out(endpoint: Endpoint) -> EndpointOut:
 def list_endpoints(
     principal: Admin,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> EndpointList:
     """The tenant's endpoints, newest first, disabled ones included, each with its last 24
     hours' deliveries."""
     after = cursor_after(cursor)
     with session.begin():
         rows = endpoints.list_for(session, principal.tenant_id, after=after, limit=limit + 1)
-        items = [_out(e) for e in webhook_actions.describe(session, rows[:limit])]
-    more = len(rows) > limit
-    return EndpointList(
-        items=items, next_cursor=params.encode_cursor(items[-1].id) if more else None
-    )
+        page, next_cursor = params.page_of(rows, limit)
+        items = [_out(e) for e in webhook_actions.describe(session, page)]
+    return EndpointList(items=items, next_cursor=next_cursor)
 
 
 @router.post(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from api import params
 from api.deps import Admin, Reader, SessionDep, Writer
-from api.params import cursor_after
+from api.params import PageCursor, PageLimit, cursor_after
 from api.problems import responses
 from api.schemas.webhooks import AttemptOut, DeliveryList, DeliveryOut, SecretOut
 from shared.actions import webhooks as webhook_actions
@@ -58,10 +58,8 @@ def list_deliveries(
     task_id: str,
     principal: Reader,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=200, description="at most this many")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="``next_cursor`` of the page before")
-    ] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> DeliveryList:
     """Every webhook delivery of the task, each with its attempts (status, latency, error)."""
     after = cursor_after(cursor)
@@ -71,7 +69,7 @@ def list_deliveries(
             session, task_id, after=after, limit=limit
         )
         items = [_out(r, attempts[r.id]) for r in rows]
-    return DeliveryList(items=items, next_cursor=params.encode_cursor(last) if last else None)
+    return DeliveryList(items=items, next_cursor=params.next_cursor(last))
 
 
 @router.post(
