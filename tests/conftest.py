@@ -13,8 +13,10 @@ the e2e tests) are skipped locally, and fail the run when CI=true.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -33,11 +35,71 @@ ADMIN_URL = os.environ.get(
     "RATCHET_TEST_ADMIN_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 # Each of the suite's parallel runners (pytest-xdist: gw0, gw1, …) has a Redis database of its
-# own, counting down from 15: the rate limiter's buckets are named by model and tenant, and
-# two tests limiting one model at once must not share a bucket. (Its channels are one
-# namespace across databases, but every one of them is named by a task or a queue.)
+# own: the rate limiter's buckets are named by model and tenant, and two tests limiting one
+# model at once must not share a bucket. (Its channels are one namespace across databases, but
+# every one of them is named by a task or a queue.) Two runs of the suite on one machine at
+# once (a file run by hand beside the whole suite) must not share one either: a runner claims
+# its database with a key in database 0 naming its process, first the one counting down from
+# 15 by its number, else any free one from 15 down to 4 (3 is the benchmarks'; 0 to 2 are left
+# to a server run by hand). A claim whose process is gone is taken over.
 XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-REDIS_URL = os.environ.get("RATCHET_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - XDIST_WORKER}")
+REDIS_HOST = "redis://127.0.0.1:6379"
+
+
+def _claim_redis_database() -> int:
+    preferred = 15 - XDIST_WORKER
+    mine = f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        claims = redis.Redis.from_url(f"{REDIS_HOST}/0", socket_timeout=3)
+        for number in [preferred, *(n for n in range(15, 3, -1) if n != preferred)]:
+            key = f"ratchet-test:database:{number}"
+            if claims.set(key, mine, nx=True, ex=6 * 3600):
+                atexit.register(_release, claims, key, mine)
+                return number
+            owner = (claims.get(key) or b"").decode()
+            host, _, pid = owner.rpartition(":")
+            if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+                claims.delete(key)  # its process is gone; another runner may race for it
+                if claims.set(key, mine, nx=True, ex=6 * 3600):
+                    atexit.register(_release, claims, key, mine)
+                    return number
+    except redis.RedisError:
+        pass  # Redis is not up: the run says so (MISSING) with the database it would have used
+    return preferred
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _release(claims: redis.Redis, key: str, mine: str) -> None:
+    try:
+        if (claims.get(key) or b"").decode() == mine:
+            claims.delete(key)
+    except redis.RedisError:
+        pass
+
+
+def _redis_database() -> int:
+    """This runner's database: the one its process claimed, or (in a process it started, which
+    imports this module again) the one it claimed before."""
+    runner = os.environ.get("PYTEST_XDIST_WORKER", "")
+    inherited, _, number = os.environ.get(CLAIM, "").rpartition("=")
+    if inherited == runner and number.isdigit():
+        return int(number)
+    claimed = _claim_redis_database()
+    os.environ[CLAIM] = f"{runner}={claimed}"
+    return claimed
+
+
+CLAIM = "RATCHET_TEST_REDIS_CLAIM"
+REDIS_URL = os.environ.get("RATCHET_TEST_REDIS_URL") or f"{REDIS_HOST}/{_redis_database()}"
 RUN_ID = uuid.uuid4().hex[:8]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -176,15 +176,21 @@ async def attack(stack: Stack, noisy: TenantHandle, task_id: str) -> dict[str, o
     }
 
 
-def warm_up(stack: Stack, tenant: TenantHandle) -> None:
+def warm_up(stack: Stack, tenant: TenantHandle) -> list[float]:
     """Busy every thread of the API's pool once: "where it started" is a process that has
-    served concurrent requests, not one that has only just come up."""
+    served concurrent requests, not one that has only just come up. The latencies of those
+    requests: how fast this machine answers a busy API now, with no hostile client."""
+
+    def timed(http: httpx.Client) -> float:
+        started = time.monotonic()
+        assert http.get("/v1/tasks").status_code == 200
+        return time.monotonic() - started
+
     with (
         httpx.Client(base_url=stack.url, headers=tenant.headers, timeout=30) as http,
         ThreadPoolExecutor(64) as pool,
     ):
-        for response in pool.map(lambda _: http.get("/v1/tasks"), range(640)):
-            assert response.status_code == 200
+        return list(pool.map(lambda _: timed(http), range(640)))
 
 
 def test_hostile_clients_do_not_hurt_another_tenant(
@@ -197,7 +203,7 @@ def test_hostile_clients_do_not_hurt_another_tenant(
     with fleet.client(headers=quiet.headers) as http:
         for _ in range(20):
             assert http.post("/v1/tasks", json=scripted_task(calculator_script())).is_success
-    warm_up(fleet, quiet)
+    busy = warm_up(fleet, quiet)
     pid = fleet.api_proc.pid  # type: ignore[union-attr]
     rss_before = rss_kib(pid)
 
@@ -213,15 +219,18 @@ def test_hostile_clients_do_not_hurt_another_tenant(
         f"quiet tenant: {len(probe.lists)} lists, p99 {p99(probe.lists) * 1000:.0f} ms, "
         f"max {max(probe.lists) * 1000:.0f} ms; healthz p99 {p99(probe.health) * 1000:.0f} ms, "
         f"max {max(probe.health) * 1000:.0f} ms; API threads {outcome['threads']}; "
-        f"streams {outcome['streams']}; RSS {rss_before} KiB before, {rss_peak} KiB after"
+        f"streams {outcome['streams']}; RSS {rss_before} KiB before, {rss_peak} KiB after; "
+        f"64 quiet requests at once before the attack: p99 {p99(busy) * 1000:.0f} ms"
     )
     # Every request of the quiet tenant was answered. The targets are a lists' p99 under
     # 500 ms and healthz under 100 ms; a loaded 2-core machine shared with other work misses
     # the first (the noisy tenant's 1,000 requests each authenticate against the database
-    # first), so these bounds only catch a stall: before the limits one took 4-22 s.
+    # first), so these bounds only catch a stall: before the limits one took 4-22 s. How
+    # slow this machine is now is measured in the same run (64 of the quiet tenant's lists at
+    # once, before the attack): a machine that answered those slowly gets room in proportion.
     assert probe.failures == []
-    assert p99(probe.lists) < 5.0
-    assert max(probe.health) < 2.0
+    assert p99(probe.lists) < max(5.0, 4 * p99(busy)), (p99(probe.lists), p99(busy))
+    assert max(probe.health) < max(2.0, 2 * p99(busy)), (max(probe.health), p99(busy))
     # The 100 MB headers were cut off early with a 431.
     for sent, answer in outcome["big"]:  # type: ignore[attr-defined]
         assert sent < BIG_HEADER_BYTES
