@@ -18,11 +18,20 @@ workers. Every process runs in a session of its own (its own process group), log
 of its own, and is stopped at teardown: SIGTERM to the leader (with SIGCONT to the group, as
 a stopped process cannot act on SIGTERM), then SIGKILL to the whole group, so no process and
 no prefork child is left behind. When a test fails, the tail of every log is printed with it.
+
+A module whose tests stop no process shares one stack, made by :func:`module_stack_fixture`::
+
+    module_stack = module_stack_fixture("approvals")   # queue suffix, log folder
+
+    def test_something(fleet, client, ratchet, user):  # fixtures of this file, on that stack
+        task = client.submit(...)                     # ratchet.client.Client with the tenant's key
+        result = ratchet("tail", task["id"], env=user)  # python -m ratchet, as a person would
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -33,12 +42,16 @@ import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
 
 from benchmarks.harness.processes import free_port
+from ratchet.client import Client
+from tests.conftest import TenantHandle
+from tests.e2e.util import DatabaseProxy, Terminal
 
 # Only a bound against a hang: a process that starts is waited for, however loaded the machine
 # (an API of several processes once took over 60 s to come up beside two other suites).
@@ -47,6 +60,14 @@ STOP_TIMEOUT_SECONDS = 10.0
 LOG_TAIL_LINES = 200
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+# Short leases and a fast sweeper, so that a killed worker's step is taken over within seconds;
+# at teardown, delayed retries are requeued at once instead of waited for.
+FAST_RECOVERY = {
+    "RATCHET_LEASE_TTL_SECONDS": "2",
+    "RATCHET_SWEEP_INTERVAL_SECONDS": "0.5",
+    "RATCHET_SWEEP_GRACE_SECONDS": "1",
+    "RATCHET_SHUTDOWN_GRACE_SECONDS": "0",
+}
 
 
 class StackError(Exception):
@@ -267,6 +288,105 @@ class Stack:
 
 
 StackFactory = Callable[..., Stack]
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def stack_env(
+    service_env: Mapping[str, str], *, queue: str, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a stack's processes: this run's services on a Celery queue of its
+    own (the run's queue name with ``-<queue>`` appended), unbuffered logs, the checkout
+    importable, then ``env`` over it all."""
+    return {
+        **os.environ,
+        **service_env,
+        "RATCHET_QUEUE_NAME": f"{service_env['RATCHET_QUEUE_NAME']}-{queue}",
+        "PYTHONUNBUFFERED": "1",
+        # Extension modules named in RATCHET_AGENT_MODULES (tests.sample_agents) import.
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **(env or {}),
+    }
+
+
+@contextlib.contextmanager
+def running_stack(
+    service_env: Mapping[str, str],
+    log_dir: Path,
+    *,
+    queue: str,
+    env: Mapping[str, str] | None = None,
+    workers: int = 1,
+    concurrency: int = 1,
+) -> Iterator[Stack]:
+    """A started :class:`Stack` on the queue ``queue`` (see :func:`stack_env`), stopped when
+    the block ends, even when it did not start."""
+    started = Stack(
+        env=stack_env(service_env, queue=queue, env=env), log_dir=log_dir, concurrency=concurrency
+    )
+    try:
+        started.start(workers=workers)
+        yield started
+    finally:
+        started.close()
+
+
+def module_stack_fixture(queue: str, env: Mapping[str, str] | None = None) -> Any:
+    """A module-scoped fixture: one API and one worker (``--concurrency=1``) for every test of
+    the module, with ``env`` added, on the queue ``queue``. For modules none of whose tests
+    stops a process; name it ``module_stack`` to give the module :func:`fleet`,
+    :func:`client`, :func:`user` and :func:`terminal`."""
+
+    @pytest.fixture(scope="module")
+    def module_stack(
+        service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[Stack]:
+        with running_stack(
+            service_env, tmp_path_factory.mktemp(queue), queue=queue, env=env
+        ) as started:
+            yield started
+
+    return module_stack
+
+
+def has_failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the test of ``request`` failed in any of its phases so far."""
+    return any(r.failed for r in request.node.stash.get(REPORTS, {}).values())
+
+
+def logs_on_failure(shared: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """Yield a stack shared by several tests; when the test fails, print the tail of each of
+    its processes' logs (a fixture's body: ``yield from logs_on_failure(stack, request)``)."""
+    yield shared
+    if has_failed(request):
+        print(shared.logs(tail=LOG_TAIL_LINES))
+
+
+def run_ratchet(
+    *args: str,
+    env: Mapping[str, str | None],
+    cwd: Path,
+    timeout: float = 120,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ratchet ARGS`` with this process's environment and ``env`` over it (a
+    value of None removes the variable), in ``cwd`` (away from any .env of the checkout); its
+    output read as text."""
+    merged = dict(os.environ)
+    for name, value in env.items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    return subprocess.run(
+        [sys.executable, "-m", "ratchet", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env=merged,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -299,16 +419,7 @@ def stack(
     ) -> Stack:
         log_dir = tmp_path / f"stack-{len(stacks)}"
         log_dir.mkdir()
-        queue = f"{service_env['RATCHET_QUEUE_NAME']}-{uuid.uuid4().hex[:8]}"
-        merged = {
-            **os.environ,
-            **service_env,
-            "RATCHET_QUEUE_NAME": queue,
-            "PYTHONUNBUFFERED": "1",
-            # Extension modules named in RATCHET_AGENT_MODULES (tests.sample_agents) import.
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            **(env or {}),
-        }
+        merged = stack_env(service_env, queue=uuid.uuid4().hex[:8], env=env)
         started = Stack(
             env=merged, log_dir=log_dir, concurrency=concurrency, api_workers=api_workers
         )
@@ -317,9 +428,83 @@ def stack(
         return started
 
     yield start
-    reports = request.node.stash.get(REPORTS, {})
-    failed = any(r.failed for r in reports.values())
+    failed = has_failed(request)
     for started in stacks:
         if failed:
             print(started.logs(tail=LOG_TAIL_LINES))
         started.close()
+
+
+@pytest.fixture
+def forget_unacked(service_env: dict[str, str]) -> Iterator[None]:
+    """After the test's stacks are stopped, forget the messages its killed workers held
+    (``pytestmark = pytest.mark.usefixtures("forget_unacked")`` in a module that kills them).
+
+    The broker keeps a message a worker took and never acked aside, outside the queue's keys,
+    for the visibility timeout (an hour); with the worker dead, nobody will ever want it.
+    """
+    yield
+    prefix = f"{service_env['RATCHET_QUEUE_NAME']}-"
+    with redis.Redis.from_url(service_env["RATCHET_REDIS_URL"]) as conn:
+        for tag, raw in conn.hgetall("unacked").items():
+            if str(json.loads(raw)[2]).startswith(prefix):
+                conn.hdel("unacked", tag)
+                conn.zrem("unacked_index", tag)
+
+
+@pytest.fixture
+def database_proxy(service_env: dict[str, str]) -> Iterator[DatabaseProxy]:
+    """A TCP proxy in front of this run's PostgreSQL that a test can make go silent; a stack
+    reaches the database through it with ``env=database_proxy.stack_env()``."""
+    started = DatabaseProxy(service_env["RATCHET_DATABASE_URL"])
+    yield started
+    started.close()
+
+
+# -- a module's shared stack (see module_stack_fixture) --------------------------------------------
+
+
+@pytest.fixture
+def fleet(module_stack: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """The module's stack; when a test fails, the tail of each process's log is printed."""
+    yield from logs_on_failure(module_stack, request)
+
+
+@pytest.fixture
+def client(fleet: Stack, tenant: TenantHandle) -> Iterator[Client]:
+    """The Python client on the module's stack, with the tenant's key."""
+    with Client(fleet.url, tenant.key) as opened:
+        yield opened
+
+
+@pytest.fixture
+def user(fleet: Stack, tenant: TenantHandle) -> dict[str, str]:
+    """The environment of a person at a terminal, with the tenant's key."""
+    return {"RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key}
+
+
+@pytest.fixture
+def ratchet(tmp_path: Path) -> Run:
+    """Run ``python -m ratchet ARGS`` with ``env`` (RATCHET_URL, RATCHET_KEY) added."""
+
+    def run(
+        *args: str, env: Mapping[str, str | None] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return run_ratchet(*args, env=env or {}, cwd=tmp_path)
+
+    return run
+
+
+@pytest.fixture
+def terminal(user: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Terminal]]:
+    """Start ``ratchet ARGS`` in a pseudo-terminal as the tenant's user: ``terminal("chat",
+    "--agent", "ops") -> Terminal``. Each is killed after the test if it still runs."""
+    opened: list[Terminal] = []
+
+    def start(*args: str) -> Terminal:
+        opened.append(Terminal(list(args), user, tmp_path))
+        return opened[-1]
+
+    yield start
+    for term in opened:
+        term.kill()

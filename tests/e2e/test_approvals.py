@@ -23,7 +23,6 @@ new one in its place (or the test kills the whole worker and starts another).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections import Counter
@@ -40,18 +39,16 @@ from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import LOG_TAIL_LINES, REPORTS, ROOT, Stack
+from tests.e2e.conftest import Stack, logs_on_failure, running_stack
 from tests.e2e.test_crashes import FAST as CRASH_ENV
-from tests.e2e.test_crashes import (
-    _forget_unacked,  # noqa: F401 (autouse, for killed workers)
-    task_events,
-    timeline,
-    wait_for,
-)
+from tests.e2e.test_crashes import task_events, timeline, wait_for
 from tests.e2e.test_delivery import current_secret, sse_events
 from tests.e2e.util import wait_all
 from tests.fakes.receiver import WebhookReceiver
 from tests.helpers import TERMINAL, scripted_task, tool_turn
+
+# The kill tests' workers leave unacked messages behind.
+pytestmark = pytest.mark.usefixtures("forget_unacked")
 
 WIRE = tool_turn("wire_money", to="alice", amount=900)
 WIRED = "wired 900 to alice"
@@ -162,54 +159,24 @@ def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run_stack(
-    service_env: dict[str, str],
-    log_dir: Path,
-    *,
-    name: str,
-    env: dict[str, str],
-) -> Iterator[Stack]:
-    """One API and one worker process (``--concurrency=1``) for every test of a class.
-
-    Class-scoped, so each is stopped before the next class starts its own: every worker
-    sweeps the whole database, and must not pick up another stack's tasks."""
-    merged = {
-        **os.environ,
-        **service_env,
-        "RATCHET_QUEUE_NAME": f"{service_env['RATCHET_QUEUE_NAME']}-{name}",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        **env,
-    }
-    started = Stack(env=merged, log_dir=log_dir, concurrency=1)
-    try:
-        started.start(workers=1)
-        yield started
-    finally:
-        started.close()
-
-
-def with_logs_on_failure(fleet: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    """Yield the class's stack; when the test fails, print the tail of each process's log."""
-    yield fleet
-    reports = request.node.stash.get(REPORTS, {})
-    if any(r.failed for r in reports.values()):
-        print(fleet.logs(tail=LOG_TAIL_LINES))
-
-
+# Each stack is class-scoped, one API and one worker process (``--concurrency=1``) for every
+# test of a class, and stopped before the next class starts its own: every worker sweeps the
+# whole database, and must not pick up another stack's tasks.
 @pytest.fixture(scope="class")
 def calm_stack(
     service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, journal: Path
 ) -> Iterator[Stack]:
     """The stack of the tests that kill nothing: few step threads, a fast sweeper."""
     env = {**CALM_ENV, "RATCHET_TEST_JOURNAL": str(journal)}
-    log_dir = tmp_path_factory.mktemp("calm")
-    yield from run_stack(service_env, log_dir, name="approvals", env=env)
+    with running_stack(
+        service_env, tmp_path_factory.mktemp("calm"), queue="approvals", env=env
+    ) as started:
+        yield started
 
 
 @pytest.fixture
 def fleet(calm_stack: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    yield from with_logs_on_failure(calm_stack, request)
+    yield from logs_on_failure(calm_stack, request)
 
 
 class TestDecisions:
@@ -495,13 +462,15 @@ def kill_stack(
     failpoint set to kill once, and disarmed."""
     failpoints = ",".join(f"{point}=kill_once:{m}" for point, m in kill_markers.items())
     env = {**CRASH_ENV, "RATCHET_TEST_JOURNAL": str(journal), "RATCHET_FAILPOINTS": failpoints}
-    log_dir = tmp_path_factory.mktemp("kills")
-    yield from run_stack(service_env, log_dir, name="approval-kills", env=env)
+    with running_stack(
+        service_env, tmp_path_factory.mktemp("kills"), queue="approval-kills", env=env
+    ) as started:
+        yield started
 
 
 @pytest.fixture
 def kill_fleet(kill_stack: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    yield from with_logs_on_failure(kill_stack, request)
+    yield from logs_on_failure(kill_stack, request)
 
 
 def drop_queued_steps(fleet: Stack) -> int:

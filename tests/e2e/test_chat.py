@@ -9,14 +9,9 @@ finished, and before its last word."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import select
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,51 +19,16 @@ from typing import Any
 import pytest
 
 from ratchet.client import Client, RatchetAPIError, TextPiece
-from tests.conftest import TenantHandle
-from tests.e2e.conftest import LOG_TAIL_LINES, REPORTS, ROOT, Stack
+from tests.e2e.conftest import module_stack_fixture, run_ratchet
+from tests.e2e.util import Terminal
 from tests.helpers import scripted_task, tool_turn
 
 WORDS = "The transfer went through and the money is on its way to alice before the end of today"
 SCRIPT = [tool_turn("wire_money", to="alice", amount=900), {"content": WORDS, "delay_ms": 2000}]
-# ``python -m ratchet`` with Ctrl-C as at a terminal, even when this run ignores SIGINT (as a
-# shell's background job does, and its children with it).
-AT_A_TERMINAL = (
-    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "sys.argv[0] = 'ratchet'; runpy.run_module('ratchet', run_name='__main__')"
-)
 RESUME = re.compile(r"ratchet chat --thread (\S+)")
 
 
-@pytest.fixture(scope="module")
-def module_stack(
-    service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
-    env = {
-        **os.environ,
-        **service_env,
-        "RATCHET_QUEUE_NAME": f"{service_env['RATCHET_QUEUE_NAME']}-chat",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    started = Stack(env=env, log_dir=tmp_path_factory.mktemp("chat"), concurrency=1)
-    try:
-        started.start(workers=1)
-        yield started
-    finally:
-        started.close()
-
-
-@pytest.fixture
-def fleet(module_stack: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    yield module_stack
-    if any(r.failed for r in request.node.stash.get(REPORTS, {}).values()):
-        print(module_stack.logs(tail=LOG_TAIL_LINES))
-
-
-@pytest.fixture
-def client(fleet: Stack, tenant: TenantHandle) -> Iterator[Client]:
-    with Client(fleet.url, tenant.key) as opened:
-        yield opened
+module_stack = module_stack_fixture("chat")
 
 
 def answer(text: str, delay_ms: int = 0) -> dict[str, Any]:
@@ -173,67 +133,24 @@ def test_live_deltas_come_before_the_commit_and_stream_text_resumes_after_one(
 # --- ratchet chat in a pseudo-terminal ----------------------------------------------------------
 
 
-class Terminal:
-    """``ratchet chat ARGS`` with a pty for its stdin, stdout and stderr; what it printed, and
-    when each part of it arrived."""
-
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.master, replica = os.openpty()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", AT_A_TERMINAL, "chat", *args],
-            stdin=replica,
-            stdout=replica,
-            stderr=replica,
-            env={**os.environ, **env, "TERM": "xterm"},
-            cwd=cwd,  # away from any .env of the checkout
-        )
-        os.close(replica)
-        self.output, self.read_to = "", 0
-
-    def wait_for(self, text: str, timeout: float = 60.0) -> float:
-        """Read until ``text`` has been printed after what the last wait found; the
-        wall-clock time it arrived."""
-        deadline = time.monotonic() + timeout
-        while (found := self.output.find(text, self.read_to)) < 0:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{text!r} never showed; the terminal shows:\n{self.output}"
-            ready, _, _ = select.select([self.master], [], [], min(left, 0.5))
-            if ready:
-                self.output += os.read(self.master, 65536).decode(errors="replace")
-        self.read_to = found + len(text)
-        return time.time()
-
-    def type(self, keys: str) -> None:
-        os.write(self.master, keys.encode())
-
-    def close(self) -> int:
-        code = self.proc.wait(timeout=30)
-        os.close(self.master)
-        return code
-
-
-@pytest.fixture
-def terminal(fleet: Stack, tenant: TenantHandle, tmp_path: Path) -> Iterator[Any]:
-    opened: list[Terminal] = []
-
-    def start(*args: str) -> Terminal:
-        env = {"RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key}
-        opened.append(Terminal(list(args), env, tmp_path))
-        return opened[-1]
-
-    yield start
-    for term in opened:
-        if term.proc.poll() is None:
-            term.proc.kill()
-            term.proc.wait()
+def exit_chat(chat: Terminal) -> str:
+    """Type ``/exit`` at the next prompt; the chat exits 0, printing the command that resumes
+    its thread, whose id this returns."""
+    chat.wait_for("you> ")
+    chat.type("/exit\n")
+    chat.wait_for("--thread ")
+    chat.wait_for("\n")
+    assert chat.close() == 0
+    thread_id: str = RESUME.findall(chat.output)[-1]
+    return thread_id
 
 
 def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
-    terminal: Any, client: Client, fleet: Stack, tenant: TenantHandle, tmp_path: Path
+    terminal: Callable[..., Terminal], client: Client, user: dict[str, str], tmp_path: Path
 ) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps(SCRIPT))
-    chat = terminal("--agent", "ops", "--script", str(script))
+    chat = terminal("chat", "--agent", "ops", "--script", str(script))
     chat.wait_for("you> ")
     chat.type("send alice 900\n")
     chat.wait_for('tool wire_money {"to": "alice", "amount": 900}')
@@ -244,12 +161,7 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
     first_words = chat.wait_for("The transfer")
     shown_then = chat.output
     last_word = chat.wait_for("today")
-    chat.wait_for("you> ")
-    chat.type("/exit\n")
-    chat.wait_for("--thread ")
-    chat.wait_for("\n")
-    assert chat.close() == 0
-    thread_id = RESUME.findall(chat.output)[-1]
+    thread_id = exit_chat(chat)
 
     [turn] = [client.get_thread(thread_id)["latest_turn"]]
     assert turn["status"] == "succeeded"
@@ -262,7 +174,7 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
     assert first_words < finished
     assert "\x1b[" in chat.output  # styled, on a terminal
 
-    resumed = terminal("--thread", thread_id, "--agent", "ops", "--script", str(script))
+    resumed = terminal("chat", "--thread", thread_id, "--agent", "ops", "--script", str(script))
     for line in (f"thread {thread_id} (ops)", "you> send alice 900", "tool wire_money"):
         resumed.wait_for(line)
     for line in ("wire_money succeeded", f"agent> {WORDS}"):
@@ -295,16 +207,7 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
     assert latest["turn"] == 3
     assert client.wait(latest["id"], timeout=60)["status"] == "cancelled"
 
-    piped = subprocess.run(
-        [sys.executable, "-m", "ratchet", "chat", "--thread", thread_id],
-        input="",
-        capture_output=True,
-        text=True,
-        env={**os.environ, "RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key},
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
+    piped = run_ratchet("chat", "--thread", thread_id, env=user, cwd=tmp_path, input="", timeout=60)
     assert piped.returncode == 0, piped.stderr
     assert f"agent> {WORDS}" in piped.stdout
     assert "you> again" in piped.stdout
@@ -313,12 +216,12 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
 
 
 def test_ratchet_chat_shows_the_question_a_turn_asks_and_the_next_line_answers_it(
-    terminal: Any, client: Client, tmp_path: Path
+    terminal: Callable[..., Terminal], client: Client, tmp_path: Path
 ) -> None:
     script = tmp_path / "ask.json"
     ask = tool_turn("ask_user", question="Staging or production?")
     script.write_text(json.dumps([ask, {"content": "Deploying to staging now."}]))
-    chat = terminal("--agent", "default", "--script", str(script))
+    chat = terminal("chat", "--agent", "default", "--script", str(script))
     chat.wait_for("you> ")
     chat.type("deploy the release\n")
     chat.wait_for("agent asks> Staging or production?")
@@ -327,12 +230,7 @@ def test_ratchet_chat_shows_the_question_a_turn_asks_and_the_next_line_answers_i
     chat.type("staging\n")
     chat.wait_for("ask_user succeeded: staging")
     chat.wait_for("agent> Deploying to staging now.")
-    chat.wait_for("you> ")
-    chat.type("/exit\n")
-    chat.wait_for("--thread ")
-    chat.wait_for("\n")
-    assert chat.close() == 0
-    thread_id = RESUME.findall(chat.output)[-1]
+    thread_id = exit_chat(chat)
 
     # One turn, whose call's result is the answer; the turn was followed on from where it
     # asked, so nothing of it was shown twice.

@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -20,9 +19,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.conftest import ADMIN_URL, TenantHandle, _libpq
-from tests.e2e.conftest import StackFactory, _ratchet_command, free_port
-
-Run = Callable[..., subprocess.CompletedProcess[str]]
+from tests.e2e.conftest import Run, StackFactory, _ratchet_command, free_port, run_ratchet
 
 
 @pytest.fixture
@@ -33,21 +30,7 @@ def ratchet(service_env: dict[str, str], tmp_path: Path) -> Run:
     def run(
         *args: str, env: dict[str, str | None] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        merged = {**os.environ, **service_env}
-        for name, value in (env or {}).items():
-            if value is None:
-                merged.pop(name, None)
-            else:
-                merged[name] = value
-        return subprocess.run(
-            [sys.executable, "-m", "ratchet", *args],
-            capture_output=True,
-            text=True,
-            env=merged,
-            cwd=tmp_path,
-            timeout=120,
-            check=False,
-        )
+        return run_ratchet(*args, env={**service_env, **(env or {})}, cwd=tmp_path)
 
     return run
 

@@ -6,81 +6,21 @@ events to ``task.awaiting_approval``, never by sleeping."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ratchet.client import Client, RatchetAPIError
-from tests.conftest import TenantHandle
-from tests.e2e.conftest import LOG_TAIL_LINES, REPORTS, ROOT, Stack, free_port
+from tests.e2e.conftest import Run, free_port, module_stack_fixture
 from tests.e2e.test_cli import assert_one_line_error
 from tests.helpers import scripted_task, tool_turn
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
 WIRE = tool_turn("wire_money", to="alice", amount=900)  # always waits for a decision
 
 
-@pytest.fixture(scope="module")
-def module_stack(
-    service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
-    """One API and one worker for the module's tests (none of them stops a process)."""
-    env = {
-        **os.environ,
-        **service_env,
-        "RATCHET_QUEUE_NAME": f"{service_env['RATCHET_QUEUE_NAME']}-approvals",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    started = Stack(env=env, log_dir=tmp_path_factory.mktemp("approvals"), concurrency=1)
-    try:
-        started.start(workers=1)
-        yield started
-    finally:
-        started.close()
-
-
-@pytest.fixture
-def fleet(module_stack: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    """The module's stack; when a test fails, the tail of each process's log is printed."""
-    yield module_stack
-    if any(r.failed for r in request.node.stash.get(REPORTS, {}).values()):
-        print(module_stack.logs(tail=LOG_TAIL_LINES))
-
-
-@pytest.fixture
-def client(fleet: Stack, tenant: TenantHandle) -> Iterator[Client]:
-    with Client(fleet.url, tenant.key) as opened:
-        yield opened
-
-
-@pytest.fixture
-def ratchet(tmp_path: Path) -> Run:
-    """Run ``python -m ratchet ARGS`` with ``env`` (RATCHET_URL, RATCHET_KEY) added."""
-
-    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ratchet", *args],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **(env or {})},
-            cwd=tmp_path,  # away from any .env of the checkout
-            timeout=120,
-            check=False,
-        )
-
-    return run
-
-
-@pytest.fixture
-def user(fleet: Stack, tenant: TenantHandle) -> dict[str, str]:
-    """The environment of a person at a terminal, with the tenant's key."""
-    return {"RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key}
+# One API and one worker for the module's tests (none of them stops a process).
+module_stack = module_stack_fixture("approvals")
 
 
 def waiting_task(client: Client) -> dict[str, Any]:

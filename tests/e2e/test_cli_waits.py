@@ -8,10 +8,7 @@ test reaches a wait by following the task's events to ``task.waiting``, never by
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,12 +16,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from ratchet.client import Client, RatchetAPIError
-from tests.conftest import TenantHandle
-from tests.e2e.conftest import LOG_TAIL_LINES, REPORTS, ROOT, Stack, free_port
+from tests.e2e.conftest import Run, Stack, free_port, module_stack_fixture, run_ratchet
 from tests.e2e.test_cli import assert_one_line_error
 from tests.helpers import scripted_task, tool_turn
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
 CI = tool_turn("await_ci", run="build-7")
 THREE = {
     "tool_calls": [{"name": "researcher", "arguments": {"task": f"question {i}"}} for i in range(3)]
@@ -35,63 +30,20 @@ LINKS = {
 }
 
 
-@pytest.fixture(scope="module")
-def module_stack(
-    service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
-    """One API and one worker for the module's tests (none of them stops a process), with
-    signed wait URLs on."""
-    env = {
-        **os.environ,
-        **service_env,
-        **LINKS,
-        "RATCHET_QUEUE_NAME": f"{service_env['RATCHET_QUEUE_NAME']}-waits-cli",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    started = Stack(env=env, log_dir=tmp_path_factory.mktemp("waits-cli"), concurrency=1)
-    try:
-        started.start(workers=1)
-        yield started
-    finally:
-        started.close()
-
-
-@pytest.fixture
-def fleet(module_stack: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    yield module_stack
-    if any(r.failed for r in request.node.stash.get(REPORTS, {}).values()):
-        print(module_stack.logs(tail=LOG_TAIL_LINES))
-
-
-@pytest.fixture
-def client(fleet: Stack, tenant: TenantHandle) -> Iterator[Client]:
-    with Client(fleet.url, tenant.key) as opened:
-        yield opened
+# One API and one worker for the module's tests (none of them stops a process), with signed
+# wait URLs on.
+module_stack = module_stack_fixture("waits-cli", LINKS)
 
 
 @pytest.fixture
 def ratchet(tmp_path: Path) -> Run:
-    """Run ``python -m ratchet ARGS`` with ``env`` (RATCHET_URL, RATCHET_KEY) added."""
+    """Run ``python -m ratchet ARGS`` with ``env`` (RATCHET_URL, RATCHET_KEY) added, and no
+    RATCHET_KEY of this process's own (a signed URL needs none)."""
 
     def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        clean = {k: v for k, v in os.environ.items() if k != "RATCHET_KEY"}
-        return subprocess.run(
-            [sys.executable, "-m", "ratchet", *args],
-            capture_output=True,
-            text=True,
-            env={**clean, **(env or {})},
-            cwd=tmp_path,  # away from any .env of the checkout
-            timeout=120,
-            check=False,
-        )
+        return run_ratchet(*args, env={"RATCHET_KEY": None, **(env or {})}, cwd=tmp_path)
 
     return run
-
-
-@pytest.fixture
-def user(fleet: Stack, tenant: TenantHandle) -> dict[str, str]:
-    return {"RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key}
 
 
 def parked(client: Client, script: list[dict[str, Any]], agent: str = "lead") -> dict[str, Any]:

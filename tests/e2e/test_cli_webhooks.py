@@ -4,19 +4,16 @@ disabled, re-enabled and removed; the result alone on stdout, every failure one 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import TenantHandle
+from tests.e2e.conftest import Run, run_ratchet
 from tests.e2e.test_cli import assert_one_line_error
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
 URL = "https://localhost/hooks/ratchet"  # allow-listed in the tests' environment
 
 
@@ -25,15 +22,7 @@ def webhooks(service_env: dict[str, str], tmp_path: Path) -> Run:
     """Run ``python -m ratchet webhooks ARGS`` with this run's services, away from any .env."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ratchet", "webhooks", *args],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **service_env},
-            cwd=tmp_path,
-            timeout=120,
-            check=False,
-        )
+        return run_ratchet("webhooks", *args, env=service_env, cwd=tmp_path)
 
     return run
 

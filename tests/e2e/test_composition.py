@@ -5,43 +5,24 @@ policy through the sweeper of a real worker."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from shared.store.db import transaction
 from shared.store.tables import Task
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import StackFactory
+from tests.e2e.conftest import FAST_RECOVERY, StackFactory
 from tests.e2e.util import wait_all
 from tests.helpers import scripted_task, tool_turn
 
-FAST = {
-    "RATCHET_LEASE_TTL_SECONDS": "2",
-    "RATCHET_SWEEP_INTERVAL_SECONDS": "0.5",
-    "RATCHET_SWEEP_GRACE_SECONDS": "1",
-    "RATCHET_SHUTDOWN_GRACE_SECONDS": "0",
-}
-
-
-@pytest.fixture(autouse=True)
-def _forget_unacked(service_env: dict[str, str]) -> Iterator[None]:
-    yield
-    prefix = f"{service_env['RATCHET_QUEUE_NAME']}-"
-    with redis.Redis.from_url(service_env["RATCHET_REDIS_URL"]) as conn:
-        for tag, raw in conn.hgetall("unacked").items():
-            if str(json.loads(raw)[2]).startswith(prefix):
-                conn.hdel("unacked", tag)
-                conn.zrem("unacked_index", tag)
+# A stopped worker leaves the messages it held unacked behind.
+pytestmark = pytest.mark.usefixtures("forget_unacked")
 
 
 def test_a_batch_of_a_thousand_is_accepted_at_once_all_run_and_a_replay_makes_nothing(
     stack: StackFactory, tenant: TenantHandle
 ) -> None:
-    fleet = stack(workers=1, concurrency=2, env=FAST)
+    fleet = stack(workers=1, concurrency=2, env=FAST_RECOVERY)
     tasks = [scripted_task([{"content": f"answer {n}"}], input=f"task {n}") for n in range(1000)]
     headers = {"Idempotency-Key": "nightly-2026-11-28"}
     with fleet.client(headers=tenant.headers) as http:
@@ -67,7 +48,7 @@ def test_a_batch_of_a_thousand_is_accepted_at_once_all_run_and_a_replay_makes_no
 def test_the_roots_budget_stops_a_tree_whose_children_together_exceed_it(
     stack: StackFactory, tenant: TenantHandle
 ) -> None:
-    fleet = stack(workers=1, concurrency=4, env=FAST)
+    fleet = stack(workers=1, concurrency=4, env=FAST_RECOVERY)
     calls = [{"name": "researcher", "arguments": {"task": f"q{i}"}} for i in range(3)]
     body = scripted_task(
         [{"tool_calls": calls}, {"content": "never said"}],
@@ -90,7 +71,7 @@ def test_the_roots_budget_stops_a_tree_whose_children_together_exceed_it(
 def test_an_expired_wait_tells_the_model_through_a_real_sweeper(
     stack: StackFactory, tenant: TenantHandle
 ) -> None:
-    env = {**FAST, "RATCHET_TEST_WAIT_S": "1", "RATCHET_TEST_WAIT_POLICY": "tell_model"}
+    env = {**FAST_RECOVERY, "RATCHET_TEST_WAIT_S": "1", "RATCHET_TEST_WAIT_POLICY": "tell_model"}
     fleet = stack(workers=1, concurrency=2, env=env)
     body = scripted_task([tool_turn("await_ci", run="b"), {"content": "no CI"}], agent="lead")
     with fleet.client(headers=tenant.headers) as http:

@@ -7,16 +7,13 @@ with one line."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import StackFactory
+from tests.e2e.conftest import StackFactory, run_ratchet
 from tests.e2e.util import wait_all
 from tests.fakes.openai_server import Completion, OpenAIServer, Received, Reply, tool_call
 
@@ -101,16 +98,8 @@ def test_a_bad_prices_file_stops_the_process_at_start_in_one_line(
 ) -> None:
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"models": {"openai:x": {"input": -1, "output": 1}}}))
-    env = {**os.environ, **service_env, "RATCHET_PRICES_FILE": str(prices)}
-    done = subprocess.run(
-        [sys.executable, "-m", "ratchet", *command],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
+    env = {**service_env, "RATCHET_PRICES_FILE": str(prices)}
+    done = run_ratchet(*command, env=env, cwd=tmp_path, timeout=60)
     assert done.returncode != 0
     assert "Traceback" not in done.stderr + done.stdout
     [line] = done.stderr.strip().splitlines()

@@ -17,7 +17,6 @@ import abc
 import bisect
 import contextlib
 import itertools
-import json
 import os
 import random
 import re
@@ -49,6 +48,9 @@ from tests.fakes.openai_server import Call, Completion, OpenAIServer, Received, 
 from tests.fakes.receiver import Received as Delivery
 from tests.fakes.receiver import WebhookReceiver
 from tests.helpers import TERMINAL, scripted_task, tool_turn
+
+# Killed workers leave unacked messages behind.
+pytestmark = pytest.mark.usefixtures("forget_unacked")
 
 MODEL = "openai:gpt-crash-test"
 LEASE_TTL_SECONDS = 2.0
@@ -329,25 +331,33 @@ def worker_of(fleet: Stack, pid: int) -> int:
     raise AssertionError(f"pid {pid} is no worker's pool process")
 
 
-@pytest.fixture(autouse=True)
-def _forget_unacked(service_env: dict[str, str]) -> Iterator[None]:
-    """After the test's stacks are stopped, forget the messages its killed workers held.
-
-    The broker keeps a message a worker took and never acked aside, outside the queue's keys,
-    for the visibility timeout (an hour); with the worker dead, nobody will ever want it.
-    """
-    yield
-    prefix = f"{service_env['RATCHET_QUEUE_NAME']}-"
-    with redis.Redis.from_url(service_env["RATCHET_REDIS_URL"]) as conn:
-        for tag, raw in conn.hgetall("unacked").items():
-            if str(json.loads(raw)[2]).startswith(prefix):
-                conn.hdel("unacked", tag)
-                conn.zrem("unacked_index", tag)
-
-
 def pool_pids(fleet: Stack) -> set[int]:
     """Every live pool process of every worker."""
     return {pid for i in range(len(fleet.worker_procs)) for pid in fleet.worker_child_pids(i)}
+
+
+@dataclass
+class KillOnce:
+    """Two workers of one pool process each, whose first process to reach the failpoint is
+    killed there, once (it leaves ``marker``); the pool processes as they stood at the start."""
+
+    fleet: Stack
+    marker: Path
+    started: set[int]
+
+    @classmethod
+    def start(
+        cls, stack: StackFactory, point: str, *, marker: Path, env: Mapping[str, str]
+    ) -> Self:
+        failpoint = {"RATCHET_FAILPOINTS": f"{point}=kill_once:{marker}"}
+        fleet = stack(workers=2, concurrency=1, env={**FAST, **env, **failpoint})
+        return cls(fleet, marker, pool_pids(fleet))
+
+    def check_killed(self) -> None:
+        """The failpoint was reached, and the one process there was killed."""
+        assert self.marker.exists(), "no worker reached the failpoint"
+        killed = self.started - pool_pids(self.fleet)
+        assert len(killed) == 1, "the process at the failpoint was not killed"
 
 
 # -- 1. chaos -----------------------------------------------------------------------------------
@@ -613,20 +623,16 @@ KILL_POINTS: dict[str, tuple[int, int] | None] = {
 def test_kill_at_each_point_resumes_with_every_side_effect_once(
     point: str, stack: StackFactory, tenant: TenantHandle, tmp_path: Path
 ) -> None:
-    marker = tmp_path / "killed"
     with WebhookReceiver() as receiver:
         agent = PostingAgent(receiver, tool_steps=2)
         with OpenAIServer(responder=agent) as llm:
-            env = {**FAST, **model_env(llm), "RATCHET_FAILPOINTS": f"{point}=kill_once:{marker}"}
-            fleet = stack(workers=2, concurrency=1, env=env)
-            started = pool_pids(fleet)
-            with fleet.client(headers=tenant.headers) as http:
+            kill = KillOnce.start(stack, point, marker=tmp_path / "killed", env=model_env(llm))
+            with kill.fleet.client(headers=tenant.headers) as http:
                 labels = submit_all(http, {f"k{n}": posting_task(f"k{n}") for n in range(2)})
                 tasks = wait_all(http, None, labels, timeout=60)
                 timelines = {task_id: timeline(http, task_id) for task_id in labels}
 
-    assert marker.exists(), "no worker reached the failpoint"
-    assert len(started - pool_pids(fleet)) == 1, "the process at the failpoint was not killed"
+    kill.check_killed()
     for task_id, task in tasks.items():
         assert task["status"] == "succeeded", task
         assert task["result"]["output"].startswith(f"{labels[task_id]} done"), task
@@ -655,23 +661,17 @@ def test_kill_at_each_point_resumes_with_every_side_effect_once(
 def test_kill_during_a_non_idempotent_tool_fails_with_unknown_outcome(
     stack: StackFactory, tenant: TenantHandle, tmp_path: Path
 ) -> None:
-    marker, journal = tmp_path / "killed", tmp_path / "journal"
+    journal = tmp_path / "journal"
     journal.touch()
-    env = {
-        **FAST,
-        "RATCHET_FAILPOINTS": f"after_tool=kill_once:{marker}",
-        "RATCHET_TEST_JOURNAL": str(journal),
-    }
-    fleet = stack(workers=2, concurrency=1, env=env)
-    started = pool_pids(fleet)
+    env = {"RATCHET_TEST_JOURNAL": str(journal)}
+    kill = KillOnce.start(stack, "after_tool", marker=tmp_path / "killed", env=env)
     script = [tool_turn("send_email", to="a@example.com", subject="hi"), {"content": "sent"}]
-    with fleet.client(headers=tenant.headers) as http:
+    with kill.fleet.client(headers=tenant.headers) as http:
         [task_id] = submit_all(http, {"mail": scripted_task(script, agent="ops")})
         task = wait_all(http, None, [task_id], timeout=60)[task_id]
         [step] = timeline(http, task_id)
 
-    assert marker.exists()
-    assert len(started - pool_pids(fleet)) == 1
+    kill.check_killed()
     assert task["status"] == "failed", task
     assert task["error"]["type"] == "tool_outcome_unknown", task
     assert "send_email" in task["error"]["message"]

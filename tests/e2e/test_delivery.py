@@ -37,7 +37,7 @@ from standardwebhooks.webhooks import WebhookVerificationError as ReferenceVerif
 
 from ratchet.client import Client, WebhookVerificationError, verify_webhook
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import LOG_TAIL_LINES, REPORTS, Stack, StackFactory, free_port
+from tests.e2e.conftest import Stack, StackFactory, free_port, logs_on_failure, running_stack
 from tests.e2e.util import wait_all
 from tests.fakes.receiver import WebhookReceiver
 from tests.helpers import TERMINAL, scripted_task, tool_turn
@@ -346,30 +346,17 @@ def class_stack(
     service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     """One API and two workers for every test of the class (none of them kills a process)."""
-    root = Path(__file__).resolve().parents[2]
-    env = {
-        **os.environ,
-        **service_env,
-        "RATCHET_QUEUE_NAME": f"{service_env['RATCHET_QUEUE_NAME']}-delivery",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-        **FAST,
-    }
-    started = Stack(env=env, log_dir=tmp_path_factory.mktemp("fleet"), concurrency=2)
-    try:
-        started.start(workers=2)
+    log_dir = tmp_path_factory.mktemp("fleet")
+    with running_stack(
+        service_env, log_dir, queue="delivery", env=FAST, workers=2, concurrency=2
+    ) as started:
         yield started
-    finally:
-        started.close()
 
 
 @pytest.fixture
 def shared_fleet(class_stack: Stack, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """The class's stack; when a test fails, the tail of each process's log is printed."""
-    yield class_stack
-    reports = request.node.stash.get(REPORTS, {})
-    if any(r.failed for r in reports.values()):
-        print(class_stack.logs(tail=LOG_TAIL_LINES))
+    yield from logs_on_failure(class_stack, request)
 
 
 @pytest.fixture

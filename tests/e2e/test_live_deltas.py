@@ -13,15 +13,9 @@ from typing import Any
 import httpx
 
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import StackFactory
+from tests.e2e.conftest import FAST_RECOVERY, StackFactory
 from tests.helpers import scripted_task
 
-FAST = {
-    "RATCHET_LEASE_TTL_SECONDS": "2",
-    "RATCHET_SWEEP_INTERVAL_SECONDS": "0.5",
-    "RATCHET_SWEEP_GRACE_SECONDS": "1",
-    "RATCHET_SHUTDOWN_GRACE_SECONDS": "0",
-}
 ANSWER = " ".join(f"word{i}" for i in range(80)) + "."
 
 
@@ -65,7 +59,7 @@ class Reader:
 def test_a_worker_killed_mid_stream_yields_a_discard_then_the_reruns_deltas(
     stack: StackFactory, tenant: TenantHandle
 ) -> None:
-    fleet = stack(workers=1, concurrency=1, env=FAST)
+    fleet = stack(workers=1, concurrency=1, env=FAST_RECOVERY)
     body = scripted_task([{"content": ANSWER, "delay_ms": 4000}])
     with fleet.client(headers=tenant.headers) as http:
         task_id = http.post("/v1/tasks", json=body).json()["id"]

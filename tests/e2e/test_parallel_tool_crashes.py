@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.conftest import TenantHandle
 from tests.e2e.conftest import StackFactory
-from tests.e2e.test_crashes import FAST, check_no_duplicates, pool_pids, submit_all, timeline
+from tests.e2e.test_crashes import KillOnce, check_no_duplicates, submit_all, timeline
 from tests.e2e.util import wait_all
 from tests.helpers import scripted_task
 
@@ -23,28 +23,22 @@ FAST_SECONDS, SLOW_SECONDS = 1.0, 6.0
 def test_a_kill_after_the_first_parallel_outcome_runs_no_committed_call_again(
     stack: StackFactory, tenant: TenantHandle, tmp_path: Path
 ) -> None:
-    marker, journal = tmp_path / "killed", tmp_path / "journal"
+    journal = tmp_path / "journal"
     journal.touch()
-    env = {
-        **FAST,
-        "RATCHET_FAILPOINTS": f"after_call_commit=kill_once:{marker}",
-        "RATCHET_TEST_JOURNAL": str(journal),
-    }
-    fleet = stack(workers=2, concurrency=1, env=env)
-    started = pool_pids(fleet)
+    env = {"RATCHET_TEST_JOURNAL": str(journal)}
+    kill = KillOnce.start(stack, "after_call_commit", marker=tmp_path / "killed", env=env)
     calls = [
         {"name": "upsert_slowly", "arguments": {"key": "fast", "seconds": FAST_SECONDS}},
         {"name": "upsert_slowly", "arguments": {"key": "slow-1", "seconds": SLOW_SECONDS}},
         {"name": "upsert_slowly", "arguments": {"key": "slow-2", "seconds": SLOW_SECONDS}},
     ]
     script = [{"tool_calls": calls}, {"content": "stored"}]
-    with fleet.client(headers=tenant.headers) as http:
+    with kill.fleet.client(headers=tenant.headers) as http:
         [task_id] = submit_all(http, {"fan": scripted_task(script, agent="crew")})
         task = wait_all(http, None, [task_id], timeout=90)[task_id]
         steps = timeline(http, task_id)
 
-    assert marker.exists(), "no worker reached the failpoint"
-    assert len(started - pool_pids(fleet)) == 1, "the process at the failpoint was not killed"
+    kill.check_killed()
     assert task["status"] == "succeeded", task
     check_no_duplicates(task_id, steps, expected_steps=2)
 

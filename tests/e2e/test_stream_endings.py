@@ -8,15 +8,12 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
-import pytest
-from sqlalchemy.engine import make_url
 
 from tests.conftest import TenantHandle
 from tests.e2e.conftest import Stack, StackFactory
-from tests.e2e.test_database_down import SilentableProxy
+from tests.e2e.util import DatabaseProxy
 from tests.helpers import calculator_script, scripted_task
 
 STREAMS = 3
@@ -105,29 +102,12 @@ def test_a_stopping_api_ends_its_streams_and_exits(
     assert [(r.status_code, r.json()["status"]) for r in polled] == [(200, "queued")]
 
 
-@pytest.fixture
-def proxy(service_env: dict[str, str]) -> Iterator[SilentableProxy]:
-    url = make_url(service_env["RATCHET_DATABASE_URL"])
-    started = SilentableProxy((url.host or "127.0.0.1", url.port or 5432))
-    yield started
-    started.close()
-
-
 def test_a_stream_ends_with_an_error_event_when_the_database_goes_away(
-    stack: StackFactory, proxy: SilentableProxy, service_env: dict[str, str], tenant: TenantHandle
+    stack: StackFactory, database_proxy: DatabaseProxy, tenant: TenantHandle
 ) -> None:
-    url = make_url(service_env["RATCHET_DATABASE_URL"]).set(host="127.0.0.1", port=proxy.port)
-    fleet = stack(
-        workers=0,
-        env={
-            "RATCHET_DATABASE_URL": url.render_as_string(hide_password=False),
-            "RATCHET_DB_CONNECT_TIMEOUT_SECONDS": "2",
-            "RATCHET_DB_POOL_TIMEOUT_SECONDS": "2",
-            "RATCHET_DB_STATEMENT_TIMEOUT_SECONDS": "2",
-        },
-    )
+    fleet = stack(workers=0, env=database_proxy.stack_env())
     (reader,) = open_streams(fleet, tenant, 1)
-    proxy.go_silent()
+    database_proxy.go_silent()
     problem = last_problem(reader)
     assert problem["type"] == "urn:ratchet:problem:database-unavailable"
     assert "Traceback" not in fleet.log_text("api")

@@ -5,41 +5,22 @@ never loses a child's result."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import StackFactory
+from tests.e2e.conftest import FAST_RECOVERY, StackFactory
 from tests.e2e.util import wait_all
 from tests.helpers import scripted_task
 
-FAST = {
-    "RATCHET_LEASE_TTL_SECONDS": "2",
-    "RATCHET_SWEEP_INTERVAL_SECONDS": "0.5",
-    "RATCHET_SWEEP_GRACE_SECONDS": "1",
-    "RATCHET_SHUTDOWN_GRACE_SECONDS": "0",
-}
+# Killed workers leave unacked messages behind.
+pytestmark = pytest.mark.usefixtures("forget_unacked")
+
 RESULT = "researched: 42 and 1024"
-
-
-@pytest.fixture(autouse=True)
-def _forget_unacked(service_env: dict[str, str]) -> Iterator[None]:
-    """A killed worker's unacked message waits out the broker's visibility timeout, aside
-    from the queue: nobody will want it once the stack is gone."""
-    yield
-    prefix = f"{service_env['RATCHET_QUEUE_NAME']}-"
-    with redis.Redis.from_url(service_env["RATCHET_REDIS_URL"]) as conn:
-        for tag, raw in conn.hgetall("unacked").items():
-            if str(json.loads(raw)[2]).startswith(prefix):
-                conn.hdel("unacked", tag)
-                conn.zrem("unacked_index", tag)
 
 
 def fan_out(agent: str = "researcher", n: int = 3) -> dict[str, Any]:
@@ -70,7 +51,7 @@ def check_family(http: httpx.Client, parent: dict[str, Any], *, result: str = RE
 def test_a_parent_fans_out_to_three_sub_agents_and_answers(
     stack: StackFactory, tenant: TenantHandle
 ) -> None:
-    fleet = stack(workers=2, concurrency=2, env=FAST)
+    fleet = stack(workers=2, concurrency=2, env=FAST_RECOVERY)
     with fleet.client(headers=tenant.headers) as http:
         parent_id = http.post("/v1/tasks", json=fan_out()).json()["id"]
         (parent,) = wait_all(http, None, [parent_id], timeout=90).values()
@@ -96,7 +77,7 @@ def test_kill_at_each_point_of_a_sub_agent_call_loses_nothing_and_starts_no_seco
     point: str, stack: StackFactory, tenant: TenantHandle, tmp_path: Path
 ) -> None:
     marker = tmp_path / "killed"
-    env = {**FAST, "RATCHET_FAILPOINTS": f"{point}=kill_once:{marker}"}
+    env = {**FAST_RECOVERY, "RATCHET_FAILPOINTS": f"{point}=kill_once:{marker}"}
     fleet = stack(workers=2, concurrency=1, env=env)
     with fleet.client(headers=tenant.headers) as http:
         parent_id = http.post("/v1/tasks", json=fan_out()).json()["id"]
@@ -106,7 +87,7 @@ def test_kill_at_each_point_of_a_sub_agent_call_loses_nothing_and_starts_no_seco
 
 
 def test_kill_while_the_children_run(stack: StackFactory, tenant: TenantHandle) -> None:
-    fleet = stack(workers=2, concurrency=2, env=FAST)
+    fleet = stack(workers=2, concurrency=2, env=FAST_RECOVERY)
     with fleet.client(headers=tenant.headers) as http:
         parent_id = http.post("/v1/tasks", json=fan_out("slow_researcher")).json()["id"]
         deadline = time.monotonic() + 60
@@ -124,7 +105,7 @@ def test_cancelling_the_root_cancels_running_grandchildren_within_their_step(
     stack: StackFactory, tenant: TenantHandle
 ) -> None:
     # The grandchildren's model calls take a minute: only a cancel ends them in time.
-    env = {**FAST, "RATCHET_TEST_SLOW_RESEARCH_MS": "60000"}
+    env = {**FAST_RECOVERY, "RATCHET_TEST_SLOW_RESEARCH_MS": "60000"}
     fleet = stack(workers=1, concurrency=4, env=env)
     body = scripted_task(
         [{"tool_calls": [{"name": "manager", "arguments": {"task": "research it"}}]}],

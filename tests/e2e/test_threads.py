@@ -4,46 +4,27 @@ all of them, and nothing is lost or done twice."""
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from sqlalchemy import select
 
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import Stack, StackFactory
+from tests.e2e.conftest import FAST_RECOVERY, Stack, StackFactory
 from tests.e2e.util import wait_all
 from tests.fakes.openai_server import OpenAIServer, Received, Reply, answer, tool_call
+
+# Killed workers leave unacked messages behind.
+pytestmark = pytest.mark.usefixtures("forget_unacked")
 
 MODEL = "openai:gpt-thread-test"
 TURNS = 5
 KILLED_TURN = 3
-FAST = {
-    "RATCHET_LEASE_TTL_SECONDS": "2",
-    "RATCHET_SWEEP_INTERVAL_SECONDS": "0.5",
-    "RATCHET_SWEEP_GRACE_SECONDS": "1",
-    "RATCHET_SHUTDOWN_GRACE_SECONDS": "0",
-}
 TURN_MARKER = re.compile(r"^message (\d+)$")
-
-
-@pytest.fixture(autouse=True)
-def _forget_unacked(service_env: dict[str, str]) -> Iterator[None]:
-    """The killed worker's unacked message waits out the broker's visibility timeout, aside
-    from the queue: nobody will want it once the stack is gone."""
-    yield
-    prefix = f"{service_env['RATCHET_QUEUE_NAME']}-"
-    with redis.Redis.from_url(service_env["RATCHET_REDIS_URL"]) as conn:
-        for tag, raw in conn.hgetall("unacked").items():
-            if str(json.loads(raw)[2]).startswith(prefix):
-                conn.hdel("unacked", tag)
-                conn.zrem("unacked_index", tag)
 
 
 def turn_and_step(messages: list[dict[str, Any]]) -> tuple[int, int]:
@@ -125,7 +106,7 @@ def test_a_worker_killed_in_turn_3_of_5_loses_nothing_and_repeats_nothing(
     chat = Chat()
     with OpenAIServer(responder=chat) as llm:
         env = {
-            **FAST,
+            **FAST_RECOVERY,
             "RATCHET_OPENAI_BASE_URL": llm.base_url,
             "RATCHET_OPENAI_API_KEY": "sk-test",
             "RATCHET_MODEL_TIMEOUT_SECONDS": "20",

@@ -7,42 +7,30 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import redis
 
 from shared.store.db import transaction
 from shared.store.tables import Task
 from tests.conftest import TenantHandle
-from tests.e2e.conftest import Stack, StackFactory
+from tests.e2e.conftest import FAST_RECOVERY, Stack, StackFactory
 from tests.e2e.util import wait_all
 from tests.helpers import scripted_task, tool_turn
 
+# Killed workers leave unacked messages behind.
+pytestmark = pytest.mark.usefixtures("forget_unacked")
+
 FAST = {
-    "RATCHET_LEASE_TTL_SECONDS": "2",
-    "RATCHET_SWEEP_INTERVAL_SECONDS": "0.5",
-    "RATCHET_SWEEP_GRACE_SECONDS": "1",
-    "RATCHET_SHUTDOWN_GRACE_SECONDS": "0",
+    **FAST_RECOVERY,
     "RATCHET_APPROVAL_LINK_SECRET": "w" * 40,
     "RATCHET_PUBLIC_URL": "https://ratchet.example",
 }
 CI = scripted_task([tool_turn("await_ci", run="build-9"), {"content": "CI done"}], agent="lead")
-
-
-@pytest.fixture(autouse=True)
-def _forget_unacked(service_env: dict[str, str]) -> Iterator[None]:
-    yield
-    prefix = f"{service_env['RATCHET_QUEUE_NAME']}-"
-    with redis.Redis.from_url(service_env["RATCHET_REDIS_URL"]) as conn:
-        for tag, raw in conn.hgetall("unacked").items():
-            if str(json.loads(raw)[2]).startswith(prefix):
-                conn.hdel("unacked", tag)
-                conn.zrem("unacked_index", tag)
 
 
 def wait_for(http: httpx.Client, task_id: str, status: str, timeout: float = 60) -> dict[str, Any]:

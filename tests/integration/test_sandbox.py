@@ -96,21 +96,28 @@ def refused(result: dict[str, Any], *errors: str) -> bool:
 
 # Each case: code a hostile model might send (formatted with what it goes after), and what
 # its result must show. Every result is also searched for the worker's secrets.
-Check = Callable[[dict[str, Any], dict[str, str]], bool]
+Check = Callable[[dict[str, Any]], bool]
+
+
+def refusal(case_id: str, code: str, error: str) -> Any:
+    """A case whose code must fail with ``error`` on its stderr."""
+    return pytest.param(code, lambda r: refused(r, error), id=case_id)
+
+
 HOSTILE: list[Any] = [
     pytest.param(
         "import os; print(sorted(os.environ))",
-        lambda r, _: set(ast.literal_eval(r["stdout"])) <= {"PATH", "HOME", "LANG", "PWD"},
+        lambda r: set(ast.literal_eval(r["stdout"])) <= {"PATH", "HOME", "LANG", "PWD"},
         id="worker-environment",
     ),
     pytest.param(
         "import os; print(os.environ.get('RATCHET_DATABASE_URL'))",
-        lambda r, _: r["stdout"] == "None\n",
+        lambda r: r["stdout"] == "None\n",
         id="database-url",
     ),
     pytest.param(
         "print(open('/proc/1/environ').read())",
-        lambda r, _: "RATCHET" not in r["stdout"],
+        lambda r: "RATCHET" not in r["stdout"],
         id="proc-1-environ",
     ),
     pytest.param(
@@ -121,68 +128,52 @@ HOSTILE: list[Any] = [
         "    for name in ('environ', 'cmdline'):\n"
         "        try: print(open('/proc/' + p + '/' + name).read())\n"
         "        except OSError as e: print(e)\n",
-        lambda r, _: int(r["stdout"].split()[0]) == 1 and "RATCHET" not in r["stdout"],
+        lambda r: int(r["stdout"].split()[0]) == 1 and "RATCHET" not in r["stdout"],
         id="every-process-visible",
     ),
-    pytest.param(
+    refusal(
+        "worker-proc-environ",
         "print(open('/proc/{worker_pid}/environ').read())",
-        lambda r, _: refused(r, "FileNotFoundError"),
-        id="worker-proc-environ",
+        "FileNotFoundError",
     ),
-    pytest.param(
-        "import os; os.kill({worker_pid}, 9)",
-        lambda r, _: refused(r, "ProcessLookupError"),
-        id="kill-the-worker",
+    refusal("kill-the-worker", "import os; os.kill({worker_pid}, 9)", "ProcessLookupError"),
+    refusal("root-home", "import os; print(os.listdir('/root'))", "FileNotFoundError"),
+    refusal(
+        "project-checkout", "print(open('{checkout}/pyproject.toml').read())", "FileNotFoundError"
     ),
-    pytest.param(
-        "import os; print(os.listdir('/root'))",
-        lambda r, _: refused(r, "FileNotFoundError"),
-        id="root-home",
+    refusal("etc-shadow", "print(open('/etc/shadow').read())", "FileNotFoundError"),
+    refusal(
+        "other-task-scratch-by-host-path", "print(open('{victim}').read())", "FileNotFoundError"
     ),
-    pytest.param(
-        "print(open('{checkout}/pyproject.toml').read())",
-        lambda r, _: refused(r, "FileNotFoundError"),
-        id="project-checkout",
-    ),
-    pytest.param(
-        "print(open('/etc/shadow').read())",
-        lambda r, _: refused(r, "FileNotFoundError"),
-        id="etc-shadow",
-    ),
-    pytest.param(
-        "print(open('{victim}').read())",
-        lambda r, _: refused(r, "FileNotFoundError"),
-        id="other-task-scratch-by-host-path",
-    ),
-    pytest.param(
+    refusal(
+        "other-task-scratch-by-relative-path",
         f"print(open('../{VICTIM}/secret.txt').read())",
-        lambda r, _: refused(r, "FileNotFoundError"),
-        id="other-task-scratch-by-relative-path",
+        "FileNotFoundError",
     ),
-    pytest.param(
+    refusal(
+        "postgresql-socket",
         "import socket; socket.create_connection(('127.0.0.1', 5432), timeout=30)",
-        lambda r, _: refused(r, "ConnectionRefusedError"),
-        id="postgresql-socket",
+        "ConnectionRefusedError",
     ),
-    pytest.param(
+    refusal(
+        "redis-socket",
         "import socket; socket.create_connection(('127.0.0.1', 6379), timeout=30)",
-        lambda r, _: refused(r, "ConnectionRefusedError"),
-        id="redis-socket",
+        "ConnectionRefusedError",
     ),
-    pytest.param(
+    refusal(
+        "metadata-address",
         "import socket; socket.create_connection(('169.254.169.254', 80), timeout=30)",
-        lambda r, _: refused(r, "Network is unreachable"),
-        id="metadata-address",
+        "Network is unreachable",
     ),
-    pytest.param(
+    refusal(
+        "postgresql-unix-socket",
         "import socket; s = socket.socket(socket.AF_UNIX)\n"
         "s.connect('/var/run/postgresql/.s.PGSQL.5432')",
-        lambda r, _: refused(r, "FileNotFoundError"),
-        id="postgresql-unix-socket",
+        "FileNotFoundError",
     ),
     pytest.param(
         "import socket; print([name for _, name in socket.if_nameindex()])",
-        lambda r, _: r["stdout"] == "['lo']\n",
+        lambda r: r["stdout"] == "['lo']\n",
         id="network-devices",
     ),
     pytest.param(
@@ -192,35 +183,35 @@ HOSTILE: list[Any] = [
         "        open(path, 'w').write('owned'); print('wrote', path)\n"
         "    except OSError as e:\n"
         "        print('refused', path, type(e).__name__)\n",
-        lambda r, _: "wrote" not in r["stdout"] and r["stdout"].count("refused") == 7,
+        lambda r: "wrote" not in r["stdout"] and r["stdout"].count("refused") == 7,
         id="write-outside-scratch",
     ),
     pytest.param(
         "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n",
-        lambda r, _: r["timed_out"],
+        lambda r: r["timed_out"],
         id="fork-bomb",
     ),
-    pytest.param(
+    refusal(
+        "memory-bomb",
         "hoard = []\nwhile True: hoard.append(bytearray(50_000_000))\n",
-        lambda r, _: refused(r, "MemoryError"),
-        id="memory-bomb",
+        "MemoryError",
     ),
-    pytest.param("while True: pass\n", lambda r, _: r["timed_out"], id="infinite-loop"),
+    pytest.param("while True: pass\n", lambda r: r["timed_out"], id="infinite-loop"),
     pytest.param(
         "import sys; sys.stdout.write('x' * 100_000_000)",
-        lambda r, _: r["truncated"] and len(r["stdout"]) == MAX_OUTPUT_BYTES,
+        lambda r: r["truncated"] and len(r["stdout"]) == MAX_OUTPUT_BYTES,
         id="100-mb-of-output",
     ),
     pytest.param(
         "open('big', 'wb').write(b'0' * (64 << 20))",
-        lambda r, _: refused(r, "File too large") and r["files"][0]["size"] <= MAX_FILE_MB << 20,
+        lambda r: refused(r, "File too large") and r["files"][0]["size"] <= MAX_FILE_MB << 20,
         id="disk-filler",
     ),
     pytest.param(
         "import subprocess\n"
         "subprocess.Popen(['sleep', '3600'], start_new_session=True)\n"
         "print('left behind')",
-        lambda r, _: r["stdout"] == "left behind\n",
+        lambda r: r["stdout"] == "left behind\n",
         id="daemon-left-behind",
     ),
 ]
@@ -242,7 +233,7 @@ def test_hostile_code_fails_or_is_cut_off_and_the_worker_is_unharmed(
 
     _, (result,) = run_task(client, tenant, drive, code.format(**targets))
 
-    assert check(result, targets), result
+    assert check(result), result
     text = result["stdout"] + result["stderr"]
     assert CANARY not in text
     assert database_url not in text
