@@ -8,6 +8,7 @@ chooses from the settings once, as ``shared.store.backends`` chooses the databas
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 from shared.settings import Settings, get_settings
@@ -63,6 +64,19 @@ def _redis(redis_url: str, broker_url: str | None) -> Transport:
     from shared.transport.redis import RedisTransport  # imported late: it imports the limiter
 
     return RedisTransport(redis_url, broker_url=broker_url)
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a worker's pool process, started again after one was killed) makes its
+    own Redis transport. The parent's may have been in use on another thread at the fork: its
+    connection pool's lock held, it would make every call of the child fail
+    (``ChildDeadlockedError``), and its publisher thread is not in the child at all."""
+    global _chosen  # noqa: PLW0603 - nothing of the parent's is used again
+    _chosen = None
+    _redis.cache_clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def reset_transport() -> None:

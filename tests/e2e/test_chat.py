@@ -8,6 +8,7 @@ finished, and before its last word."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -200,8 +201,16 @@ def test_ratchet_chat_streams_shows_tools_asks_approvals_and_resumes(
     resumed.type("\n")
     resumed.wait_for("(turn 3 cancelled")
     resumed.wait_for("you> ")
-    resumed.type("\x04")  # Ctrl-D
-    resumed.wait_for(f"ratchet chat --thread {thread_id}")
+    # Ctrl-D at the prompt ends the chat. When that Enter was read as an empty line, a Ctrl-D
+    # typed before the next prompt can be lost in the terminal's switch between line and raw
+    # mode: a person would press it again, and so does the test, until the chat ends.
+    for _ in range(10):
+        resumed.type("\x04")  # Ctrl-D
+        with contextlib.suppress(AssertionError):
+            resumed.wait_for(f"ratchet chat --thread {thread_id}", timeout=10)
+            break
+    else:
+        raise AssertionError(f"Ctrl-D never ended the chat; the terminal shows:\n{resumed.output}")
     assert resumed.close() == 0
     latest = client.get_thread(thread_id)["latest_turn"]
     assert latest["turn"] == 3

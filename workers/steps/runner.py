@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from redis.exceptions import RedisError
+from redis.exceptions import ChildDeadlockedError, RedisError
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -239,6 +239,7 @@ def transient(exc: Exception) -> bool:
     if isinstance(exc, DBAPIError):
         return session_ended(exc) or isinstance(exc, OperationalError | InterfaceError)
     away = RedisError | OSError | TimeoutError | PoolTimeout | DisconnectionError
+    away |= ChildDeadlockedError  # a Redis pool locked across a fork: not the task's doing
     return isinstance(exc, away | LimiterUnavailable)
 
 

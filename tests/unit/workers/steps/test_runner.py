@@ -8,6 +8,7 @@ from typing import cast
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from redis.exceptions import ChildDeadlockedError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import (
     DataError,
@@ -65,6 +66,7 @@ def db_error(
         (DisconnectionError("connection was invalidated"), True),
         (OSError("no route to host"), True),
         (LimiterUnavailable("redis is away"), True),
+        (ChildDeadlockedError(), True),  # a Redis pool locked across a fork
         (ValueError("bad value"), False),
         (AssertionError(), False),
     ],
