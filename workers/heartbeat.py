@@ -29,21 +29,24 @@ from workers import cancels
 
 log = logging.getLogger("ratchet.heartbeat")
 _lock = threading.Lock()
+_extended = threading.Condition(_lock)  # notified when a tick has settled what it extended
 _leases: dict[int, tuple[Lease, float, float]] = {}  # id → (lease, since, last extended)
 LOST = float("-inf")  # "last extended" of a lease found lost: kept until its step lets it go
 _thread: threading.Thread | None = None
 _letting_go = threading.Event()
+_tick_now = threading.Event()  # a step waits on its lease: tick without waiting for the next
 TICK_SECONDS = 0.25
 BATCH = 500  # leases per statement
 
 
 @contextmanager
 def kept(lease: Lease) -> Iterator[None]:
-    """Keep ``lease`` alive while the block runs."""
+    """Keep ``lease`` alive while the block runs. Its age counts from when it was taken, not
+    from when its step got here: a step that stalled on its way (a cold process reading its
+    context on a busy machine) may have lost it before the heartbeat ever saw it."""
     _ensure_thread()
-    now = time.monotonic()
     with _lock:
-        _leases[id(lease)] = (lease, now, now)
+        _leases[id(lease)] = (lease, lease.taken_at, lease.taken_at)
     try:
         yield
     finally:
@@ -54,12 +57,28 @@ def kept(lease: Lease) -> Iterator[None]:
 def holding(lease: Lease) -> bool:
     """Whether this process may still act for ``lease`` on something that costs money (a
     model call): the lease was taken or extended within half its TTL, and never found lost.
-    A process that stalled past that may have lost it to another worker, which may have
-    asked and committed already; the step then stops as fenced instead. A lease this module
-    does not keep (a step run outside a worker) is taken at its word."""
-    with _lock:
-        entry = _leases.get(id(lease))
-    return entry is None or time.monotonic() - entry[2] < lease.ttl_ms / 2000
+
+    A lease older than that may have run out while this process stalled, and another worker
+    may have asked and committed already: the heartbeat is asked to extend it at once, and
+    the answer waited for (half a TTL at most). Extended, it is held; found lost, or not
+    extended in time (the process is letting its leases go), the step stops as fenced. A
+    lease this module does not keep (a step run outside a worker) is taken at its word."""
+    limit = lease.ttl_ms / 2000
+    deadline = time.monotonic() + limit
+    with _extended:
+        while True:
+            entry = _leases.get(id(lease))
+            if entry is None:
+                return True
+            if entry[2] == LOST:
+                return False
+            now = time.monotonic()
+            if now - entry[2] < limit:
+                return True
+            if now >= deadline:
+                return False
+            _tick_now.set()
+            _extended.wait(deadline - now)
 
 
 def held_tasks(limit: int) -> list[str]:
@@ -107,6 +126,7 @@ def extend(leases: list[Lease]) -> None:
 
 
 def _extend_batch(leases: list[Lease], *, ttl_ms: int) -> None:
+    sent = time.monotonic()  # an extended lease runs out ``ttl_ms`` after this at the latest
     try:
         # One statement (no transaction left open), on a connection of the heartbeat's own.
         with write_session(heartbeat=True) as session:
@@ -114,14 +134,14 @@ def _extend_batch(leases: list[Lease], *, ttl_ms: int) -> None:
     except Exception:
         log.exception("heartbeat of %d lease(s) failed", len(leases))
         return
-    now = time.monotonic()
-    with _lock:
+    with _extended:
         for lease in leases:
             kept_since = _leases.get(id(lease))
             if kept_since is None:
                 continue  # its step ended meanwhile
-            at = now if (lease.task_id, lease.epoch) in held else LOST
+            at = sent if (lease.task_id, lease.epoch) in held else LOST
             _leases[id(lease)] = (lease, kept_since[1], at)
+        _extended.notify_all()
     for (task_id, _), cancel_requested in held.items():
         if cancel_requested:  # in case its wake-up was lost
             cancels.cancel(task_id)
@@ -135,7 +155,8 @@ def let_go() -> None:
 
 def _run() -> None:
     while True:
-        time.sleep(TICK_SECONDS)
+        _tick_now.wait(TICK_SECONDS)
+        _tick_now.clear()
         try:
             due = _due()
             if due and not _letting_go.is_set():

@@ -175,12 +175,12 @@ def limited_call(
     )
     takes = rules.call_takes(model, tenant, estimate)
     wait_for_capacity(takes, model)
-    if not still_held():
-        _refund(takes)
-        raise LeaseLost(f"task {request.task_id}: its lease may have run out; not asking")
     started, started_at = time.perf_counter(), datetime.now(UTC)
     try:
-        response = ask(provider, request, live=live)
+        response = ask(provider, request, live=live, still_held=still_held)
+    except LeaseLost:
+        _refund(takes)
+        raise
     except ModelError as exc:
         if failed is not None:
             failed.append(failed_call(exc, started_at, time.perf_counter() - started))
@@ -199,9 +199,17 @@ def limited_call(
     return response
 
 
-def ask(provider: Provider, request: ModelRequest, *, live: Live | None = None) -> ModelResponse:
+def ask(
+    provider: Provider,
+    request: ModelRequest,
+    *,
+    live: Live | None = None,
+    still_held: Callable[[], bool] = lambda: True,
+) -> ModelResponse:
     """One attempt: the provider's answer, on the model-call pool, within the attempt's
-    deadline; past it the attempt is abandoned and fails as transient.
+    deadline; past it the attempt is abandoned and fails as transient. The pool's thread
+    asks ``still_held()`` last thing before the request goes out (LeaseLost if not): the
+    shorter the way from that check to the provider, the less a stall can slip in between.
 
     Given ``live`` the attempt streams; a cancel of the task shuts its stream at once, and so
     does its end however it ends (an abandoned call streams no further). Its last deltas are
@@ -210,7 +218,12 @@ def ask(provider: Provider, request: ModelRequest, *, live: Live | None = None) 
     deltas = live.attempt() if live is not None else None
     watch = cancels.current()
     asked = request if deltas is None else replace(request, deltas=deltas)
-    work = partial(provider.complete, asked)
+
+    def work() -> ModelResponse:
+        if not still_held():
+            raise LeaseLost(f"task {request.task_id}: its lease may have run out; not asking")
+        return provider.complete(asked)
+
     try:
         with nullcontext() if watch is None or deltas is None else watch.stopping(deltas.stop):
             return cancels.call(work, timeout=deadline, name="model", pool=cancels.MODEL)

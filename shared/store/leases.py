@@ -4,6 +4,7 @@ killing its workers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -98,6 +99,9 @@ class Lease:
     fresh: bool = False  # the task never ran before: no step or ledger row to resume
     deliveries: tuple[str, ...] = ()  # webhook deliveries queued by that event
     task: TaskState | None = field(default=None, compare=False, repr=False)  # as leased
+    # This process's monotonic clock just before the statement that took the lease went out:
+    # the lease runs out ``ttl_ms`` after it at the latest (``workers.heartbeat.holding``).
+    taken_at: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,7 @@ def take_lease(
 
     Two round trips: a read, then one compare-and-set UPDATE with its event and deliveries.
     """
+    taken_at = time.monotonic()  # before the transaction's clock starts
     read = fetch_one(session, READ_TASK, {"b_task_id": task_id})
     refused = _refused_at_sight(read, step=step)
     if refused is not None:
@@ -154,6 +159,7 @@ def take_lease(
         fresh=read.started_at is None and read.steps == 0,
         deliveries=tuple(d["id"] for d in lease_batch.deliveries),
         task=leased,
+        taken_at=taken_at,
     )
 
 
@@ -278,13 +284,14 @@ def extend_leases(
     return {(row.id, row.lease_epoch): row.cancel_requested_at is not None for row in rows}
 
 
-def next_lease(lease: Lease, task: TaskState) -> Lease | None:
+def next_lease(lease: Lease, task: TaskState, *, taken_at: float | None = None) -> Lease | None:
     """The lease on the next step that the write which left ``task`` took with the step's
     completion (``progress_values(next_owner=…)``), or None if it took none.
 
     It is a lease like any other: a new epoch, so everything the previous holder of the
     task might still write is fenced off; its expiry on the database's clock, so if this
-    worker dies the sweeper finds the task once it runs out.
+    worker dies the sweeper finds the task once it runs out. ``taken_at``: this process's
+    monotonic clock just before that write went out (default: now).
     """
     if task.lease_epoch != lease.epoch + 1 or task.status not in RUNNABLE_STATUSES:
         return None
@@ -300,4 +307,5 @@ def next_lease(lease: Lease, task: TaskState) -> Lease | None:
         tenant_id=lease.tenant_id,
         clock_ms=task.lease_expires_ms - lease.ttl_ms,
         task=task,
+        taken_at=time.monotonic() if taken_at is None else taken_at,
     )

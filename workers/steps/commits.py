@@ -4,6 +4,7 @@ webhooks and wake-ups sent once committed; and the writes that end a task from i
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ class Writes:
         with self.ctx.writing:
             if self.ctx.task.status in TERMINAL_STATUSES:
                 raise TaskEnded
+            self.ctx.written_at = time.monotonic()
             with write_session() as session:
                 written = write(
                     session,

@@ -73,6 +73,9 @@ class Context:
     # Held by each write while it reads ``task`` and moves it on: a step's calls may run at
     # once (workers.steps.fan_out), and their writes then take turns.
     writing: threading.Lock = field(default_factory=threading.Lock)
+    # This process's monotonic clock just before the step's last write went out: when the lease
+    # that a completion takes for the next step began (``leases.next_lease``).
+    written_at: float = 0.0
 
 
 def load_context(session: Session, lease: Lease) -> Context:

@@ -130,7 +130,11 @@ def advance_one(
             end_task_span(ctx.task)
     if outcome is not StepOutcome.COMMITTED:
         return None
-    return Carried(ctx.history + ctx.said, lease.step + 1, leases.next_lease(lease, ctx.task))
+    return Carried(
+        ctx.history + ctx.said,
+        lease.step + 1,
+        leases.next_lease(lease, ctx.task, taken_at=ctx.written_at),
+    )
 
 
 def end_task_span(task: TaskState) -> None:

@@ -108,11 +108,21 @@ class CountingProvider:
 
 def test_no_model_is_asked_for_a_lease_that_may_be_lost() -> None:
     provider = CountingProvider()
+    asked_on: list[str] = []
+
+    def lost() -> bool:
+        asked_on.append(threading.current_thread().name)
+        return False
+
     with pytest.raises(LeaseLost):
         model_calls.limited_call(
-            provider, request(), model="scripted:m", tenant="t", still_held=lambda: False
+            provider, request(), model="scripted:m", tenant="t", still_held=lost
         )
     assert provider.calls == 0
+    # Asked last thing before the request would go out, on the thread that would send it: a
+    # step that waited for a thread of the pool (or for capacity) is asked after the wait.
+    [thread] = asked_on
+    assert thread.startswith("model-call"), thread
     answer = model_calls.limited_call(provider, request(), model="scripted:m", tenant="t")
     assert (answer.content, provider.calls) == ("ok", 1)
 
