@@ -70,6 +70,16 @@ FAST_RECOVERY = {
 }
 
 
+# Every process a stack starts carries the pid of the test runner that started it. A runner cut
+# off (killed by a timeout, a closed terminal) leaves its stacks running, busy with their
+# tasks and loading the machine for whatever runs next (one ran for an hour): the first stack
+# of every later run stops them.
+RUNNER = "RATCHET_TEST_STACK_RUNNER"
+
+
+_orphans_stopped: list[bool] = []
+
+
 class StackError(Exception):
     """A process of the stack did not start."""
 
@@ -88,6 +98,33 @@ def signal_group(pgid: int, sig: int) -> None:
     """Send ``sig`` to a process group; a group that is already gone is fine."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
+
+
+def orphaned_stack_groups() -> set[int]:
+    """The process groups of stack processes whose test runner is gone."""
+    groups = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited while we looked, or not ours to read
+        runner = next((v for v in environ if v.startswith(f"{RUNNER}=".encode())), None)
+        if runner is None:
+            continue
+        pid = runner.partition(b"=")[2].decode()
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                groups.add(os.getpgid(int(entry.name)))
+    return groups
+
+
+def stop_orphaned_stacks() -> None:
+    """SIGKILL (after SIGCONT, for a paused one) every stack whose runner is gone."""
+    for group in orphaned_stack_groups():
+        signal_group(group, signal.SIGCONT)
+        signal_group(group, signal.SIGKILL)
 
 
 def child_pids(pid: int) -> list[int]:
@@ -113,7 +150,7 @@ class Stack:
     def __init__(
         self, *, env: Mapping[str, str], log_dir: Path, concurrency: int, api_workers: int = 1
     ) -> None:
-        self.env = dict(env)
+        self.env = {**env, RUNNER: str(os.getpid())}
         self.log_dir = log_dir
         self.concurrency = concurrency
         self.api_workers = api_workers
@@ -128,6 +165,9 @@ class Stack:
     # -- starting -------------------------------------------------------------------------
 
     def start(self, workers: int) -> None:
+        if not _orphans_stopped:  # once per runner, before its first stack
+            stop_orphaned_stacks()
+            _orphans_stopped.append(True)
         self._launch_api()
         launched = [self._launch_worker() for _ in range(workers)]
         self._wait_api()
