@@ -27,7 +27,12 @@ def lease(ttl_ms: int = 3_000, *, taken_ago: float = 0.0) -> Lease:
 
 @pytest.fixture
 def no_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(heartbeat, "_ensure_thread", lambda: None)  # no database here
+    """No heartbeat extends a lease here but the test's own: none is started, and one that an
+    earlier test of this process started (on its database) is letting its leases go."""
+    monkeypatch.setattr(heartbeat, "_ensure_thread", lambda: None)
+    letting_go = threading.Event()
+    letting_go.set()
+    monkeypatch.setattr(heartbeat, "_letting_go", letting_go)
 
 
 @pytest.mark.usefixtures("no_heartbeat")
