@@ -122,8 +122,16 @@ def live_url(backend_env: dict[str, str]) -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    # On asyncio's own loop: uvloop, closing a loop on a thread that is not the main one,
+    # held every stop of a server that had served a live stream for 10 s (``ratchet api``,
+    # which runs uvloop on its main thread, stops in a fraction of a second).
     config = uvicorn.Config(
-        "api.main:create_app", factory=True, lifespan="on", ws="none", log_level="warning"
+        "api.main:create_app",
+        factory=True,
+        lifespan="on",
+        ws="none",
+        log_level="warning",
+        loop="asyncio",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
