@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -19,7 +20,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.conftest import ADMIN_URL, TenantHandle, _libpq
-from tests.e2e.conftest import Run, StackFactory, _ratchet_command, free_port, run_ratchet
+from tests.e2e.conftest import Run, StackFactory, free_port, run_ratchet
+from tests.e2e.util import AT_A_TERMINAL
 
 
 @pytest.fixture
@@ -333,6 +335,9 @@ def test_schedules_refuse_a_tenant_option_rather_than_ignore_it(ratchet: Run) ->
     assert_one_line_error(result, "RATCHET_KEY", "ratchet keys create --tenant acme")
 
 
+SUBMIT_AND_WAIT = ("submit", "-i", "hi", "--model", "scripted", "--wait")
+
+
 def test_ctrl_c_while_submit_waits_leaves_the_task_id_and_how_to_follow_it(
     stack: StackFactory, tenant: TenantHandle, service_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -340,8 +345,10 @@ def test_ctrl_c_while_submit_waits_leaves_the_task_id_and_how_to_follow_it(
     env = {**os.environ, **service_env, "RATCHET_URL": fleet.url, "RATCHET_KEY": tenant.key}
     errors = tmp_path / "submit.err"
     with errors.open("wb") as err:
+        # With Ctrl-C as at a terminal: a run started in the background ignores SIGINT, and
+        # the command, inheriting that, once waited on through it.
         proc = subprocess.Popen(
-            [_ratchet_command(), "submit", "-i", "hi", "--model", "scripted", "--wait"],
+            [sys.executable, "-c", AT_A_TERMINAL, *SUBMIT_AND_WAIT],
             env=env,
             cwd=tmp_path,
             stdout=subprocess.PIPE,
