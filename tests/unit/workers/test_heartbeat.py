@@ -4,6 +4,7 @@ services needed: the heartbeat's statement is replaced here)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -75,11 +76,12 @@ def test_a_stale_lease_the_heartbeat_extends_is_held_and_one_it_finds_lost_is_no
         "extend_leases",
         lambda session, leases, ttl_ms: dict.fromkeys(statement(leases), False),
     )
-    monkeypatch.setattr(heartbeat, "write_session", lambda heartbeat: _NoSession())
+    monkeypatch.setattr(heartbeat, "write_session", lambda heartbeat: contextlib.nullcontext())
     # Both taken 40 s ago with a TTL of 60 s: stale (past half of it), perhaps still held.
+    taken_at = time.monotonic() - 40
     kept, gone = (
-        Lease(task_id=name, epoch=1, owner="w", step=1, attempt=1, ttl_ms=60_000, taken_at=now)
-        for name, now in (("kept", time.monotonic() - 40), ("gone", time.monotonic() - 40))
+        Lease(task_id=name, epoch=1, owner="w", step=1, attempt=1, ttl_ms=60_000, taken_at=taken_at)
+        for name in ("kept", "gone")
     )
     stop = threading.Event()
 
@@ -102,11 +104,3 @@ def test_a_stale_lease_the_heartbeat_extends_is_held_and_one_it_finds_lost_is_no
             ticker.join(timeout=10)
     assert extended
     assert set(extended[0]) == {"kept", "gone"}
-
-
-class _NoSession:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
